@@ -1,0 +1,101 @@
+"""`scaler` command line: serve, check-config, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from scaler import logs
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from scaler.config import ConfigError, load_config_file
+    from scaler.config_watch import ConfigStore
+    from scaler.server import ScalerServer, serve
+
+    logs.setup(args.log_level, args.log_format)
+    try:
+        config = load_config_file(args.config) if args.config else None
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"{exc.source}: {problem}", file=sys.stderr)
+        print("refusing to start with an invalid config", file=sys.stderr)
+        return 2
+    store = ConfigStore(config, args.config)
+    metrics = None if args.metrics_address == "off" else args.metrics_address
+    try:
+        server = ScalerServer(store, args.address, metrics_address=metrics)
+        return asyncio.run(serve(server))
+    except (ValueError, OSError) as exc:
+        print(f"scaler serve: {exc}", file=sys.stderr)
+        return 2
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from scaler.config import ConfigError, load_config_file
+
+    failed = False
+    for path in args.files:
+        try:
+            config = load_config_file(path)
+        except ConfigError as exc:
+            failed = True
+            for problem in exc.problems:
+                print(f"{path}: {problem}")
+            continue
+        print(f"{path}: ok ({len(config.profiles)} profiles)")
+    return 1 if failed else 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from scaler.demo import run_demo
+
+    logs.setup("warning", "text")
+    return asyncio.run(run_demo(args.duration, args.poll_interval))
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="scaler", description=__doc__)
+    sub = top.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the KEDA external scaler gRPC server")
+    serve.add_argument(
+        "--address", default="0.0.0.0:6000", help="gRPC HOST:PORT (default %(default)s)"
+    )
+    serve.add_argument(
+        "--metrics-address",
+        default="0.0.0.0:9090",
+        help="Prometheus /metrics HOST:PORT, or 'off' (default %(default)s)",
+    )
+    serve.add_argument("--config", help="tuning YAML (the mounted ConfigMap); reloaded on change")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", default="json", choices=["json", "text"])
+    serve.set_defaults(run=_serve)
+
+    check = sub.add_parser(
+        "check-config", help="validate tuning YAML files; non-zero on any problem"
+    )
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.set_defaults(run=_check_config)
+
+    demo = sub.add_parser(
+        "demo", help="serve on loopback and poll synthetic ScaledObjects like KEDA"
+    )
+    demo.add_argument("--duration", type=float, default=45.0, help="seconds (default %(default)s)")
+    demo.add_argument(
+        "--poll-interval", type=float, default=3.0, help="seconds (default %(default)s)"
+    )
+    demo.set_defaults(run=_demo)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Per-workload background loops and the decision cache that every RPC reads.
+
+KEDA asks GetMetricSpec, GetMetrics and IsActive on every evaluation, every pollingInterval and
+on every HPA query, round-robin across scaler replicas; none of those calls may touch a metrics
+backend. So each workload gets one loop, started the first time KEDA asks about it and stopped
+once KEDA has not asked for `workloadIdleTimeoutSeconds`; the loop reads signals, decides, and
+publishes the decision; RPCs only read it.
+
+Ticks are aligned to the wall clock (t = k x evaluationIntervalSeconds) and a new loop first
+replays the source's history over the policy's windows, so two replicas, or a restarted one,
+given the same signals hold the same state and return the same answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from enum import Enum
+
+from scaler import telemetry
+from scaler.config_watch import ConfigStore
+from scaler.policy import Decision, PolicyState, decide, hold
+from scaler.sources import Source, SourceError, source_for
+from scaler.trigger import TriggerSpec
+from scaler.workload import ResolveError, WorkloadSpec, resolve
+
+log = logging.getLogger(__name__)
+
+HISTORY_MAX_POINTS = 2000
+WorkloadKey = tuple[str, str, str]
+
+
+class Fault(Enum):
+    UNAVAILABLE = "unavailable"  # no data (yet); KEDA's fallback applies
+    FAILED_PRECONDITION = "failed_precondition"  # the trigger does not fit the ConfigMap
+
+
+class NoDecisionError(Exception):
+    def __init__(self, fault: Fault, message: str) -> None:
+        super().__init__(message)
+        self.fault = fault
+        self.message = message
+
+
+class Workload:
+    def __init__(self, trigger: TriggerSpec, asked_at: float) -> None:
+        self.trigger = trigger
+        self.last_asked = asked_at
+        self.decision: Decision | None = None
+        self.problem: NoDecisionError | None = None
+        self.state = PolicyState()
+        self.last_tick: float | None = None
+        self.first = asyncio.Event()  # the first evaluation has finished (with or without result)
+        self.updated = asyncio.Event()  # replaced after every publish; waiters wake on set()
+        self.task: asyncio.Task[None] | None = None
+
+    def publish(self, decision: Decision | None, problem: NoDecisionError | None) -> None:
+        self.decision, self.problem = decision, problem
+        self.first.set()
+        event, self.updated = self.updated, asyncio.Event()
+        event.set()
+
+
+class Engine:
+    def __init__(
+        self,
+        store: ConfigStore,
+        sources: Callable[[str], Source] = source_for,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._source_for = sources
+        self._sources: dict[str, Source] = {}
+        self._clock = clock
+        self._monotonic = monotonic
+        self._workloads: dict[WorkloadKey, Workload] = {}
+        self._closing = False
+
+    # --- what the RPCs call: memory only -----------------------------------------------------
+
+    def touch(self, trigger: TriggerSpec) -> Workload:
+        """The workload for this trigger, started on first sight; marks it as asked for."""
+        key = (trigger.namespace, trigger.name, trigger.metric_name)
+        workload = self._workloads.get(key)
+        if workload is None:
+            workload = Workload(trigger, self._monotonic())
+            self._workloads[key] = workload
+            if not self._closing:
+                workload.task = asyncio.create_task(self._run(key, workload), name=str(key))
+        workload.trigger = trigger  # metadata edits take effect at the next tick
+        workload.last_asked = self._monotonic()
+        return workload
+
+    async def decision(self, trigger: TriggerSpec) -> Decision:
+        workload = self.touch(trigger)
+        if not workload.first.is_set():
+            timeout = self._store.current.server.first_decision_timeout_s
+            try:
+                await asyncio.wait_for(workload.first.wait(), timeout)
+            except TimeoutError:
+                raise NoDecisionError(
+                    Fault.UNAVAILABLE,
+                    f"{trigger.workload}: first decision not ready within {timeout:g}s",
+                ) from None
+        if workload.decision is None:
+            raise workload.problem or NoDecisionError(
+                Fault.UNAVAILABLE, f"{trigger.workload}: no data"
+            )
+        return workload.decision
+
+    async def watch(self, trigger: TriggerSpec) -> AsyncIterator[Decision | None]:
+        """Every decision as it is published; keeps the workload alive while watched."""
+        while not self._closing:
+            workload = self.touch(trigger)
+            event = workload.updated
+            if workload.first.is_set():
+                yield workload.decision
+            await event.wait()
+
+    def decisions(self) -> Iterator[Decision]:
+        return (w.decision for w in list(self._workloads.values()) if w.decision is not None)
+
+    def __len__(self) -> int:
+        return len(self._workloads)
+
+    def release_watchers(self) -> None:
+        """End every `watch` (streams close with OK) while loops keep answering unary calls."""
+        self._closing = True
+        for workload in self._workloads.values():
+            workload.updated.set()
+
+    async def close(self) -> None:
+        """Stop every loop and wake every watcher (they see `_closing` and end)."""
+        self._closing = True
+        tasks = [w.task for w in self._workloads.values() if w.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for workload in self._workloads.values():
+            workload.updated.set()
+            workload.first.set()
+
+    # --- the background loop -----------------------------------------------------------------
+
+    def _source(self, backend: str) -> Source:
+        if backend not in self._sources:
+            self._sources[backend] = self._source_for(backend)
+        return self._sources[backend]
+
+    async def _run(self, key: WorkloadKey, workload: Workload) -> None:
+        try:
+            await self._warm_start(workload)
+            while True:
+                server = self._store.current.server
+                interval = server.evaluation_interval_s
+                tick = math.floor(self._clock() / interval) * interval
+                if workload.last_tick is not None and tick <= workload.last_tick:
+                    tick = (math.floor(workload.last_tick / interval) + 1) * interval
+                    await asyncio.sleep(max(0.0, tick - self._clock()))
+                if self._monotonic() - workload.last_asked > server.workload_idle_timeout_s:
+                    log.info(
+                        "workload no longer asked for; loop stopped",
+                        extra={"workload": key[0] + "/" + key[1]},
+                    )
+                    return
+                await self._evaluate(workload, tick)
+                workload.last_tick = tick
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug must not leave KEDA with a silently frozen target
+            log.exception("workload loop crashed", extra={"workload": key[0] + "/" + key[1]})
+            workload.publish(
+                None, NoDecisionError(Fault.UNAVAILABLE, "internal error; see scaler logs")
+            )
+        finally:
+            if self._workloads.get(key) is workload:
+                del self._workloads[key]
+            workload.first.set()
+            workload.updated.set()
+
+    def _spec(self, workload: Workload) -> WorkloadSpec:
+        try:
+            return resolve(workload.trigger, self._store.current)
+        except ResolveError as exc:
+            raise NoDecisionError(
+                Fault.FAILED_PRECONDITION, f"{workload.trigger.workload}: {exc}"
+            ) from None
+
+    async def _warm_start(self, workload: Workload) -> None:
+        """Replay the source's recent history through the policy, aligned to the tick grid."""
+        try:
+            spec = self._spec(workload)
+        except NoDecisionError:
+            return
+        interval = self._store.current.server.evaluation_interval_s
+        window = max(spec.scale_down_stabilization_s, spec.scale_to_zero_idle_s)
+        step = interval * max(1, math.ceil(window / interval / HISTORY_MAX_POINTS))
+        end = math.floor(self._clock() / interval) * interval
+        start = end - math.ceil(window / step) * step
+        try:
+            history = await self._source(spec.trigger.backend).history(spec, start, end, step)
+        except (SourceError, TimeoutError) as exc:
+            log.warning("no history for warm start: %s", exc, extra={"workload": spec.workload})
+            return
+        stale = self._store.current.server.stale_target_s
+        state = workload.state
+        for signal in history:
+            _, state = decide(spec, signal, state, signal.at, stale)
+        workload.state = state
+
+    async def _evaluate(self, workload: Workload, at: float) -> None:
+        stale = self._store.current.server.stale_target_s
+        previous = workload.decision
+        try:
+            spec = self._spec(workload)
+            source = self._source(spec.trigger.backend)
+            timeout = max(1.0, self._store.current.server.evaluation_interval_s)
+            signal = await asyncio.wait_for(source.read(spec, at), timeout)
+        except (NoDecisionError, SourceError, TimeoutError) as exc:
+            problem = (
+                exc
+                if isinstance(exc, NoDecisionError)
+                else NoDecisionError(
+                    Fault.UNAVAILABLE, f"{workload.trigger.workload}: {exc or 'source timed out'}"
+                )
+            )
+            decision = hold(workload.state, at, stale, (problem.message,))
+            telemetry.EVALUATIONS.labels(outcome="held" if decision else "none").inc()
+            workload.publish(decision, None if decision else problem)
+            return
+        decision, workload.state = decide(spec, signal, workload.state, at, stale)
+        telemetry.EVALUATIONS.labels(outcome="decided" if decision else "none").inc()
+        missing = NoDecisionError(
+            Fault.UNAVAILABLE, f"{spec.workload}: signal incomplete: {', '.join(signal.reasons)}"
+        )
+        workload.publish(decision, None if decision else missing)
+        if decision is not None and (
+            previous is None
+            or (previous.replicas, previous.active, previous.reason)
+            != (decision.replicas, decision.active, decision.reason)
+        ):
+            log.info(
+                "decision",
+                extra={
+                    "event": "decision",
+                    "decision_id": decision.decision_id,
+                    "workload": decision.workload,
+                    "metric": decision.metric_name,
+                    "replicas": decision.replicas,
+                    "active": decision.active,
+                    "reason": decision.reason.value,
+                    "detail": decision.detail,
+                },
+            )

@@ -1,0 +1,446 @@
+"""The one registry of every setting a user can write, in trigger metadata or the ConfigMap.
+
+Why one table: the trigger parser, the ConfigMap validator, `check-config` and the README reference
+all read it, so a key can never be accepted in one place and rejected (or documented differently) in
+another. Each field knows how to parse itself from a trigger string (KEDA sends every metadata value
+as a string) or from a YAML scalar, and every rejection names the key and what is accepted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+from urllib.parse import urlsplit
+
+
+class FieldError(ValueError):
+    """A rejected value: `path` names the key (e.g. `profiles.llama.maxReplicas`)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+class Scope(Enum):
+    """Where a key may be written."""
+
+    TRIGGER = "trigger"  # identity of a workload: only in trigger metadata
+    TUNING = "tuning"  # trigger metadata, a ConfigMap profile, or ConfigMap defaults
+    SERVER = "server"  # ConfigMap `server:` section only: process-wide
+
+
+Parser = Callable[[object], Any]
+
+
+@dataclass(frozen=True)
+class Field:
+    key: str
+    scope: Scope
+    parse: Parser  # raw (str from a trigger, scalar from YAML) -> typed value; raises ValueError
+    default: Any
+    accepted: str  # what is accepted, as printed in errors and the README
+    doc: str
+
+    def value(self, raw: object, path: str | None = None) -> Any:
+        try:
+            return self.parse(raw)
+        except FieldError:
+            raise
+        except (ValueError, TypeError) as exc:
+            shown = raw if not isinstance(raw, str) or len(raw) <= 80 else raw[:77] + "..."
+            detail = f" ({exc})" if str(exc) else ""
+            raise FieldError(
+                path or self.key, f"got {shown!r}; accepted: {self.accepted}{detail}"
+            ) from None
+
+
+# --- scalar parsers -------------------------------------------------------------------------------
+
+
+def _text(raw: object) -> str:
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        raise TypeError("")
+    return str(raw).strip()
+
+
+def _number(raw: object) -> float:
+    if isinstance(raw, bool):
+        raise TypeError("")
+    value = float(raw) if isinstance(raw, (int, float)) else float(_text(raw))
+    if not math.isfinite(value):
+        raise ValueError("")
+    return value
+
+
+def real(lo: float, hi: float, *, lo_open: bool = False) -> Parser:
+    def parse(raw: object) -> float:
+        value = _number(raw)
+        if value < lo or value > hi or (lo_open and value == lo):
+            raise ValueError("")
+        return value
+
+    return parse
+
+
+def integer(lo: int, hi: int) -> Parser:
+    def parse(raw: object) -> int:
+        value = _number(raw)
+        if value != int(value) or not lo <= value <= hi:
+            raise ValueError("")
+        return int(value)
+
+    return parse
+
+
+def choice(*options: str) -> Parser:
+    def parse(raw: object) -> str:
+        value = _text(raw)
+        if value not in options:
+            raise ValueError("")
+        return value
+
+    return parse
+
+
+def pattern(regex: str, max_len: int) -> Parser:
+    compiled = re.compile(regex)
+
+    def parse(raw: object) -> str:
+        value = _text(raw)
+        if not value or len(value) > max_len or not compiled.fullmatch(value):
+            raise ValueError("")
+        return value
+
+    return parse
+
+
+def http_url(raw: object) -> str:
+    value = _text(raw)
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ValueError("")
+    _ = parts.port  # raises ValueError on a bad port
+    return value.rstrip("/")
+
+
+def host_port(raw: str) -> tuple[str, int]:
+    """Parse `host:port` or `[v6]:port` into a pair; hosts are DNS names or IP literals."""
+    text = raw.strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        ipaddress.IPv6Address(host)
+    else:
+        host, sep, port = text.rpartition(":")
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", host):
+            raise ValueError(f"bad host {host!r}")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"bad port in {text!r}")
+    return host, int(port)
+
+
+def host_ports(raw: object) -> tuple[tuple[str, int], ...]:
+    items = [item for item in _text(raw).split(",") if item.strip()]
+    if not items or len(items) > 1000:
+        raise ValueError("")
+    return tuple(host_port(item) for item in items)
+
+
+LABEL_MATCHER = re.compile(
+    r"\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*(?P<op>=~|!~|!=|=)\s*"
+    r'(?:"(?P<quoted>(?:[^"\\]|\\.)*)"|(?P<bare>[^,"\s]*))\s*(?:,|$)'
+)
+
+
+def label_matchers(raw: object) -> tuple[tuple[str, str, str], ...]:
+    """Parse `a="x",b=~"y.*"` (quotes optional) into (label, op, value) triples."""
+    text = _text(raw)
+    matchers: list[tuple[str, str, str]] = []
+    pos = 0
+    while pos < len(text):
+        found = LABEL_MATCHER.match(text, pos)
+        if not found or found.end() == pos:
+            raise ValueError(f"cannot read a matcher at {text[pos:][:30]!r}")
+        value = found["quoted"] if found["quoted"] is not None else found["bare"]
+        if found["quoted"] is not None:
+            value = re.sub(r"\\(.)", r"\1", value)
+        if found["op"] in ("=~", "!~"):
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"bad regular expression {value!r}: {exc}") from None
+        matchers.append((found["name"], found["op"], value))
+        pos = found.end()
+    if not matchers or len(matchers) > 20:
+        raise ValueError("")
+    return tuple(matchers)
+
+
+# --- the registry ---------------------------------------------------------------------------------
+
+NAME_RE = r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?"
+
+BACKENDS = ("vllm", "triton", "custom", "synthetic")
+SYNTHETIC_PATTERNS = ("wave", "sine", "constant", "zero")
+
+FIELDS: tuple[Field, ...] = (
+    # Identity and source of a workload: trigger metadata only.
+    Field(
+        "scalerAddress",
+        Scope.TRIGGER,
+        _text,
+        None,
+        "host:port of this scaler",
+        "Read by KEDA to reach the scaler; passed through to us and ignored.",
+    ),
+    Field(
+        "backend",
+        Scope.TRIGGER,
+        choice(*BACKENDS),
+        None,
+        " | ".join(BACKENDS),
+        "Which inference server exposes the queue signals. `synthetic` is a built-in "
+        "generator with a documented shape (quickstart, tests). Required.",
+    ),
+    Field(
+        "serverAddress",
+        Scope.TUNING,
+        http_url,
+        None,
+        "an http(s):// base URL without query, e.g. http://prometheus.monitoring:9090",
+        "Prometheus base URL (the name KEDA's own Prometheus scaler uses).",
+    ),
+    Field(
+        "model",
+        Scope.TRIGGER,
+        pattern(r"[A-Za-z0-9._:/@+-]+", 256),
+        None,
+        "a model name of up to 256 characters from [A-Za-z0-9._:/@+-]",
+        "Model label value: Triton `model`, vLLM `model_name`. Empty means every model "
+        "the selected series carry.",
+    ),
+    Field(
+        "labelSelector",
+        Scope.TRIGGER,
+        label_matchers,
+        (),
+        'comma-separated label matchers: name="value", name!="value", name=~"regex", '
+        'name!~"regex" (quotes optional, at most 20)',
+        "Extra label matchers that select this deployment's series, so two deployments of "
+        'one model never mix, e.g. `namespace="inference",service="llama"`.',
+    ),
+    Field(
+        "scrapeTargets",
+        Scope.TRIGGER,
+        host_ports,
+        (),
+        "comma-separated host:port list ([v6]:port for IPv6), at most 1000",
+        "Pods to scrape directly, without Kubernetes discovery (non-Kubernetes use, tests).",
+    ),
+    Field(
+        "profile",
+        Scope.TRIGGER,
+        pattern(NAME_RE, 63),
+        None,
+        "a profile name: lowercase letters, digits, '.', '_', '-'; at most 63",
+        "A named tuning profile from the ConfigMap; its values sit between the ConfigMap "
+        "defaults and this trigger's own keys.",
+    ),
+    Field(
+        "metricName",
+        Scope.TRIGGER,
+        pattern(r"[A-Za-z0-9._-]+", 200),
+        None,
+        "up to 200 characters from [A-Za-z0-9._-]",
+        "Override of the metric name shown in `kubectl get hpa`; sanitised like the default.",
+    ),
+    # Synthetic generator (backend: synthetic).
+    Field(
+        "syntheticPattern",
+        Scope.TRIGGER,
+        choice(*SYNTHETIC_PATTERNS),
+        "wave",
+        " | ".join(SYNTHETIC_PATTERNS),
+        "Shape of the synthetic arrival rate over one period: `wave` is a half-sine burst "
+        "then idle for half the period (exercises scale to and from zero), `sine` swings "
+        "between 10% and 100% of the peak, `constant` stays at the peak, `zero` is idle.",
+    ),
+    Field(
+        "syntheticPeakRps",
+        Scope.TRIGGER,
+        real(0, 1e6),
+        20.0,
+        "a number from 0 to 1e6",
+        "Peak arrival rate of the synthetic generator, requests per second.",
+    ),
+    Field(
+        "syntheticPeriodSeconds",
+        Scope.TRIGGER,
+        real(1, 7 * 86400),
+        600.0,
+        "a number of seconds from 1 to 604800",
+        "Period of the synthetic pattern.",
+    ),
+    Field(
+        "syntheticServiceSeconds",
+        Scope.TRIGGER,
+        real(0.001, 3600),
+        2.0,
+        "a number of seconds from 0.001 to 3600",
+        "Mean time one request holds a slot; in-flight = rate x service time (Little's law).",
+    ),
+    # Tuning: trigger metadata > profile > ConfigMap defaults > these built-in defaults.
+    Field(
+        "targetConcurrency",
+        Scope.TUNING,
+        real(0, 1e5, lo_open=True),
+        8.0,
+        "a number > 0 and <= 100000",
+        "In-flight requests (running + waiting) one replica should carry.",
+    ),
+    Field(
+        "minReplicas",
+        Scope.TUNING,
+        integer(0, 10000),
+        0,
+        "an integer from 0 to 10000",
+        "Lowest replica target the scaler returns (0 allows scale to zero).",
+    ),
+    Field(
+        "maxReplicas",
+        Scope.TUNING,
+        integer(1, 10000),
+        100,
+        "an integer from 1 to 10000",
+        "Highest replica target the scaler returns.",
+    ),
+    Field(
+        "coldStartSeconds",
+        Scope.TUNING,
+        real(0, 3600),
+        180.0,
+        "a number of seconds from 0 to 3600",
+        "Time from asking for a replica to it serving: node launch + image pull + model load.",
+    ),
+    Field(
+        "pollingIntervalSeconds",
+        Scope.TUNING,
+        real(1, 3600),
+        30.0,
+        "a number of seconds from 1 to 3600",
+        "The ScaledObject's pollingInterval; part of the forecast horizon.",
+    ),
+    Field(
+        "horizonSeconds",
+        Scope.TUNING,
+        real(0, 86400),
+        None,
+        "a number of seconds from 0 to 86400",
+        "Forecast horizon; unset means coldStartSeconds + pollingIntervalSeconds.",
+    ),
+    Field(
+        "scaleDownStabilizationSeconds",
+        Scope.TUNING,
+        real(0, 3600),
+        300.0,
+        "a number of seconds from 0 to 3600",
+        "The target never falls below the highest need seen in this window.",
+    ),
+    Field(
+        "scaleToZeroIdleSeconds",
+        Scope.TUNING,
+        real(0, 86400),
+        300.0,
+        "a number of seconds from 0 to 86400",
+        "A workload turns inactive (IsActive false, target 0) only after this long with no "
+        "request in flight or arriving.",
+    ),
+    # Process-wide: ConfigMap `server:` only.
+    Field(
+        "evaluationIntervalSeconds",
+        Scope.SERVER,
+        real(0.05, 300),
+        5.0,
+        "a number of seconds from 0.05 to 300",
+        "How often each workload's background loop reads signals and decides. Ticks are "
+        "aligned to the wall clock so every scaler replica decides at the same instants.",
+    ),
+    Field(
+        "workloadIdleTimeoutSeconds",
+        Scope.SERVER,
+        real(1, 86400),
+        900.0,
+        "a number of seconds from 1 to 86400",
+        "A workload's loop stops when KEDA has not asked about it for this long.",
+    ),
+    Field(
+        "staleTargetSeconds",
+        Scope.SERVER,
+        real(0, 86400),
+        600.0,
+        "a number of seconds from 0 to 86400",
+        "With signals missing, the last good target is held this long (never lowered); "
+        "after that GetMetrics fails so KEDA's `fallback` takes over.",
+    ),
+    Field(
+        "firstDecisionTimeoutSeconds",
+        Scope.SERVER,
+        real(0, 60),
+        2.0,
+        "a number of seconds from 0 to 60",
+        "How long a call about a workload seen for the first time waits for its first "
+        "decision before answering UNAVAILABLE.",
+    ),
+)
+
+BY_KEY: Mapping[str, Field] = {field.key: field for field in FIELDS}
+TRIGGER_KEYS = tuple(f.key for f in FIELDS if f.scope in (Scope.TRIGGER, Scope.TUNING))
+TUNING_KEYS = tuple(f.key for f in FIELDS if f.scope is Scope.TUNING)
+SERVER_KEYS = tuple(f.key for f in FIELDS if f.scope is Scope.SERVER)
+
+
+def closest(key: str, known: tuple[str, ...]) -> str:
+    """A hint for a misspelt key: the known key that matches it case-insensitively, if any."""
+    for candidate in known:
+        if candidate.lower() == key.lower():
+            return f"; did you mean {candidate!r}?"
+    return ""
+
+
+def parse_section(
+    raw: Mapping[str, object], allowed: tuple[str, ...], prefix: str
+) -> tuple[dict[str, Any], list[FieldError]]:
+    """Parse a flat mapping of keys to raw values; collect every problem instead of stopping."""
+    values: dict[str, Any] = {}
+    problems: list[FieldError] = []
+    for key, raw_value in raw.items():
+        path = f"{prefix}{key}"
+        if key not in allowed:
+            hint = closest(str(key), allowed)
+            problems.append(
+                FieldError(path, f"unknown key{hint}; accepted keys: {', '.join(allowed)}")
+            )
+            continue
+        try:
+            values[key] = BY_KEY[key].value(raw_value, path)
+        except FieldError as exc:
+            problems.append(exc)
+    return values, problems
+
+
+def check_bounds(values: Mapping[str, Any], prefix: str) -> list[FieldError]:
+    """Rules that span two keys, checked wherever both are known."""
+    lo, hi = values.get("minReplicas"), values.get("maxReplicas")
+    if lo is not None and hi is not None and lo > hi:
+        return [
+            FieldError(
+                f"{prefix}minReplicas",
+                f"minReplicas ({lo}) must not exceed maxReplicas ({hi})",
+            )
+        ]
+    return []

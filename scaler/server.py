@@ -1,0 +1,131 @@
+"""Assemble and run the gRPC server: scaler service, health, reflection, /metrics, reload, signals.
+
+Shutdown on SIGTERM/SIGINT, in this order: health turns NOT_SERVING (Kubernetes stops routing new
+connections), open streams end with OK (KEDA reconnects to another replica), in-flight unary calls
+finish within the grace period, the per-workload loops stop, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from urllib.parse import urlsplit
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+
+from scaler._proto import externalscaler_pb2 as pb
+from scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from scaler.config_watch import ConfigStore
+from scaler.engine import Engine
+from scaler.service import ExternalScalerService
+from scaler.telemetry import DecisionCollector
+from scaler.trigger import TriggerCache
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
+CONFIG_POLL_S = 2.0
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[V6]:PORT` -> (host, port); port 0 picks a free one."""
+    parts = urlsplit("//" + address)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.hostname or port is None:
+        raise ValueError(f"address {address!r}: expected HOST:PORT, e.g. 0.0.0.0:6000")
+    return parts.hostname, port
+
+
+class ScalerServer:
+    def __init__(
+        self,
+        store: ConfigStore,
+        address: str = "127.0.0.1:0",
+        *,
+        engine: Engine | None = None,
+        metrics_address: str | None = None,
+        registry: CollectorRegistry | None = None,
+        grace_s: float = 10.0,
+    ) -> None:
+        self.store = store
+        self.engine = engine or Engine(store)
+        self.address = address
+        self.metrics_address = metrics_address
+        self.registry = registry if registry is not None else REGISTRY
+        self.grace_s = grace_s
+        self.port = 0
+        self.metrics_port = 0
+        self._shutdown = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._server = grpc.aio.server()
+        self._health = health.aio.HealthServicer()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._metrics_httpd: object | None = None
+
+    async def start(self) -> None:
+        host, port = split_address(self.address)
+        service = ExternalScalerService(self.engine, TriggerCache(), self._shutdown)
+        pb_grpc.add_ExternalScalerServicer_to_server(service, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+        )
+        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.port = self._server.add_insecure_port(bind)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.address}")
+        if self.metrics_address is not None:
+            self.registry.register(DecisionCollector(self.engine.decisions))
+            mhost, mport = split_address(self.metrics_address)
+            httpd, _ = start_http_server(mport, addr=mhost, registry=self.registry)
+            self.metrics_port = httpd.server_port
+            self._metrics_httpd = httpd
+        await self._server.start()
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.store.path is not None:
+            self._tasks.append(asyncio.create_task(self.store.watch(CONFIG_POLL_S, self._shutdown)))
+        log.info(
+            "serving",
+            extra={"event": "serving", "port": self.port, "metrics_port": self.metrics_port},
+        )
+
+    async def stop(self) -> None:
+        if self._shutdown.is_set():
+            await self._stopped.wait()
+            return
+        self._shutdown.set()
+        await self._health.enter_graceful_shutdown()
+        self.engine.release_watchers()
+        await self._server.stop(self.grace_s)
+        await self.engine.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._metrics_httpd is not None:
+            self._metrics_httpd.shutdown()  # type: ignore[attr-defined]
+        self._stopped.set()
+        log.info("stopped", extra={"event": "stopped"})
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+async def serve(server: ScalerServer) -> int:
+    """Run until SIGTERM or SIGINT, then shut down gracefully; the exit code."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    await stop.wait()
+    log.info("signal received; shutting down", extra={"event": "shutdown"})
+    await server.stop()
+    return 0

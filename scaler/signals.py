@@ -1,0 +1,41 @@
+"""The normalized signal model: what one workload's servers reported at one sample time.
+
+Every backend (Triton, vLLM, custom PromQL, the synthetic generator) is reduced to this shape, so
+everything downstream (forecast, policy) is backend-agnostic. Missing is `None`, never 0: a scaler
+that reads "no data" as "no load" scales a busy model to zero during a metrics outage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Signal:
+    at: float  # wall-clock time the sample describes (epoch seconds)
+    source: str  # e.g. "synthetic", "prometheus", "scrape"
+    waiting: float | None = None  # requests queued, not yet running
+    running: float | None = None  # requests being served
+    arrival_rate: float | None = None  # requests per second
+    queue_time_mean_s: float | None = None
+    queue_time_p99_s: float | None = None
+    ttft_p99_s: float | None = None
+    kv_cache_usage: float | None = None  # 0-1
+    ready_pods: int | None = None
+    age_s: float | None = None  # age of the newest underlying sample when read
+    reasons: tuple[str, ...] = field(default=())  # why any field above is missing
+
+    @property
+    def in_flight(self) -> float | None:
+        """Running + waiting: the concurrency the fleet must hold. None when both are unknown."""
+        if self.waiting is None and self.running is None:
+            return None
+        return (self.waiting or 0.0) + (self.running or 0.0)
+
+    @property
+    def busy(self) -> bool | None:
+        """Anything in flight or arriving; None when nothing tells."""
+        known = [v for v in (self.in_flight, self.arrival_rate) if v is not None]
+        if not known:
+            return None
+        return any(v > 0 for v in known)

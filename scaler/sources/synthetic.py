@@ -1,0 +1,65 @@
+"""A built-in generator of queue signals with a documented shape (quickstart, tests, demos).
+
+The signal is a pure function of the trigger and the wall-clock time, so every scaler replica,
+and a restarted one, sees exactly the same series. With period P, peak rate R, service time S and
+phase x = (t mod P) / P:
+
+    arrival rate r(t):  wave      R * sin(2 pi x) for x < 1/2, else 0   (burst, then idle)
+                        sine      R * (0.55 + 0.45 sin(2 pi x))         (10% .. 100% of R)
+                        constant  R
+                        zero      0
+    running   = r * S                       (Little's law: requests in service)
+    queue time = S / 4 * (r / R)^2           (grows with load, 0 when idle)
+    waiting   = r * queue time              (Little's law again: requests in the queue)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from scaler.fields import BY_KEY
+from scaler.signals import Signal
+from scaler.workload import WorkloadSpec
+
+
+def synthetic_rate(pattern: str, peak: float, period: float, at: float) -> float:
+    x = (at % period) / period
+    if pattern == "wave":
+        return peak * math.sin(2 * math.pi * x) if x < 0.5 else 0.0
+    if pattern == "sine":
+        return peak * (0.55 + 0.45 * math.sin(2 * math.pi * x))
+    if pattern == "constant":
+        return peak
+    return 0.0
+
+
+def synthetic_signal(spec: WorkloadSpec, at: float) -> Signal:
+    def setting(key: str) -> Any:
+        return spec.trigger.values.get(key, BY_KEY[key].default)
+
+    peak = float(setting("syntheticPeakRps"))
+    service = float(setting("syntheticServiceSeconds"))
+    period = float(setting("syntheticPeriodSeconds"))
+    rate = max(synthetic_rate(str(setting("syntheticPattern")), peak, period, at), 0.0)
+    queue_time = service / 4 * (rate / peak) ** 2 if peak > 0 else 0.0
+    return Signal(
+        at=at,
+        source="synthetic",
+        waiting=rate * queue_time,
+        running=rate * service,
+        arrival_rate=rate,
+        queue_time_mean_s=queue_time,
+        age_s=0.0,
+    )
+
+
+class SyntheticSource:
+    async def read(self, spec: WorkloadSpec, at: float) -> Signal:
+        return synthetic_signal(spec, at)
+
+    async def history(
+        self, spec: WorkloadSpec, start: float, end: float, step: float
+    ) -> list[Signal]:
+        count = max(0, math.ceil((end - start) / step))
+        return [synthetic_signal(spec, start + i * step) for i in range(count)]

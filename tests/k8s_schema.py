@@ -1,0 +1,281 @@
+"""Offline, strict schema validation of Kubernetes objects, for tests.
+
+Built-in kinds are checked with `kubernetes_validate` in strict mode (unknown fields rejected) at
+`K8S_VERSION`. Custom resources are checked with jsonschema against the openAPIV3Schema of the
+upstream CRDs copied into deploy/crds, after `strict()` closes every object schema: the API server
+silently prunes unknown fields of a custom resource unless the client asks for strict field
+validation, so without this a misspelt key would pass here and vanish in the cluster.
+
+An object with no known schema is an error (`SchemaNotFound`), never a silent pass.
+
+Reused by the manifest tests and by tests of the request bodies the scaler sends to the API
+(e.g. Karpenter NodePool patches: `validate_custom_resource(body, partial=True)`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import yaml
+from kubernetes_validate.utils import VersionNotSupportedError
+from referencing import Registry, Resource
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CRD_DIR = REPO_ROOT / "deploy" / "crds"
+
+# Oldest Kubernetes the manifests target: HPA `behavior.*.tolerance` needs 1.33.
+K8S_VERSION = "1.33"
+
+_OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+_K8S_DEFINITIONS_ID = "https://kubernetes.io/api/_definitions.json"
+
+
+class SchemaNotFound(LookupError):
+    """No schema is known for this apiVersion/kind: fail loudly instead of passing."""
+
+
+class ManifestInvalid(ValueError):
+    """The object does not match its schema; the message lists every problem with its path."""
+
+
+def split_api_version(api_version: str) -> tuple[str, str]:
+    """`apps/v1` -> ("apps", "v1"); `v1` -> ("", "v1")."""
+    group, _, version = api_version.rpartition("/")
+    return group, version
+
+
+def _where(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    name = meta.get("name", "?") if isinstance(meta, Mapping) else "?"
+    return f"{obj.get('apiVersion')} {obj.get('kind')} {name!r}"
+
+
+def _path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(part) for part in error.absolute_path) or "<root>"
+
+
+# --- custom resources -----------------------------------------------------------------------------
+
+
+@functools.cache
+def _crd_index() -> dict[tuple[str, str], dict[str, Any]]:
+    """(group, kind) -> CRD, for every CustomResourceDefinition under deploy/crds."""
+    index: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if not doc or doc.get("kind") != "CustomResourceDefinition":
+                continue
+            key = (doc["spec"]["group"], doc["spec"]["names"]["kind"])
+            if key in index:
+                raise ValueError(f"two CRDs for {key} under {CRD_DIR}")
+            index[key] = doc
+    return index
+
+
+def has_crd(group: str, kind: str) -> bool:
+    return (group, kind) in _crd_index()
+
+
+def load_crd_schema(group: str, kind: str, version: str) -> dict[str, Any]:
+    """A fresh copy of `openAPIV3Schema` of the served `version` of the CRD for group/kind."""
+    crd = _crd_index().get((group, kind))
+    if crd is None:
+        known = ", ".join(f"{k} ({g})" for g, k in sorted(_crd_index()))
+        raise SchemaNotFound(
+            f"no CRD for kind {kind!r} in group {group!r} in {CRD_DIR}; known: {known}"
+        )
+    for entry in crd["spec"]["versions"]:
+        if entry["name"] == version:
+            if not entry.get("served", False):
+                raise SchemaNotFound(
+                    f"{group}/{version} {kind} is not served by its CRD"
+                )
+            return copy.deepcopy(entry["schema"]["openAPIV3Schema"])
+    names = [entry["name"] for entry in crd["spec"]["versions"]]
+    raise SchemaNotFound(
+        f"CRD for {group} {kind} has no version {version!r} (has {names})"
+    )
+
+
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties")
+
+
+def strict(schema: Mapping[str, Any], *, drop_required: bool = False) -> dict[str, Any]:
+    """A copy of a CRD structural schema that rejects what the API server would prune or reject.
+
+    - Every object schema with `properties` and neither `additionalProperties` nor
+      `x-kubernetes-preserve-unknown-fields: true` gets `additionalProperties: false`.
+    - `x-kubernetes-embedded-resource: true` objects also accept apiVersion, kind and metadata.
+    - `x-kubernetes-int-or-string: true` without a type becomes anyOf integer/string (schemas that
+      already carry that anyOf are kept as they are).
+    - `nullable: true` admits null.
+    - `drop_required=True` removes `required` lists, to check partial bodies (merge patches).
+    """
+    out: dict[str, Any] = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {
+                name: strict(sub, drop_required=drop_required)
+                for name, sub in out[key].items()
+            }
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [strict(sub, drop_required=drop_required) for sub in out[key]]
+    items = out.get("items")
+    if isinstance(items, Mapping):
+        out["items"] = strict(items, drop_required=drop_required)
+    elif isinstance(items, list):
+        out["items"] = [strict(sub, drop_required=drop_required) for sub in items]
+    if isinstance(out.get("additionalProperties"), Mapping):
+        out["additionalProperties"] = strict(
+            out["additionalProperties"], drop_required=drop_required
+        )
+    if isinstance(out.get("not"), Mapping):
+        out["not"] = strict(out["not"], drop_required=drop_required)
+
+    if out.get("x-kubernetes-embedded-resource") is True and "properties" in out:
+        props = dict(out["properties"])
+        props.setdefault("apiVersion", {"type": "string"})
+        props.setdefault("kind", {"type": "string"})
+        props.setdefault("metadata", {"type": "object"})
+        out["properties"] = props
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and out.get("x-kubernetes-preserve-unknown-fields") is not True
+    ):
+        out["additionalProperties"] = False
+    if (
+        out.get("x-kubernetes-int-or-string") is True
+        and "type" not in out
+        and "anyOf" not in out
+    ):
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if out.get("nullable") is True and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    if drop_required:
+        out.pop("required", None)
+    return out
+
+
+@functools.cache
+def _crd_validator(
+    group: str, kind: str, version: str, partial: bool
+) -> jsonschema.protocols.Validator:
+    schema = strict(load_crd_schema(group, kind, version), drop_required=partial)
+    cls = jsonschema.Draft202012Validator
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def validate_custom_resource(obj: Mapping[str, Any], *, partial: bool = False) -> None:
+    """Validate a custom resource against its CRD in deploy/crds, strictly.
+
+    `metadata` is checked as the API server checks it: against the core ObjectMeta schema.
+    With `partial=True` required fields may be missing (for merge-patch bodies); apiVersion and
+    kind must still be present to find the schema, and null (delete) values are not supported.
+    Raises SchemaNotFound or ManifestInvalid.
+    """
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    if not isinstance(api_version, str) or not isinstance(kind, str):
+        raise SchemaNotFound(f"object without apiVersion/kind: {dict(obj)!r:.200}")
+    group, version = split_api_version(api_version)
+    if not group:
+        raise SchemaNotFound(
+            f"{api_version} {kind} is a core kind, not a custom resource"
+        )
+    validator = _crd_validator(group, kind, version, partial)
+    problems = [f"{_path(e)}: {e.message}" for e in validator.iter_errors(dict(obj))]
+    if "metadata" in obj:
+        problems += [
+            f"metadata.{p}" for p in _object_meta_problems(obj["metadata"], K8S_VERSION)
+        ]
+    if problems:
+        raise ManifestInvalid(
+            f"{_where(obj)} is invalid:\n  " + "\n  ".join(sorted(problems))
+        )
+
+
+# --- built-in kinds -------------------------------------------------------------------------------
+
+
+@functools.cache
+def _object_meta_validator(k8s_version: str) -> jsonschema.protocols.Validator:
+    """Strict ObjectMeta schema from kubernetes_validate's bundled definitions."""
+    root = resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    candidates = [
+        entry.name
+        for entry in root.iterdir()
+        if entry.name.startswith(f"v{k8s_version}.")
+        and entry.name.endswith("-local-strict")
+    ]
+    if not candidates:
+        raise SchemaNotFound(
+            f"kubernetes_validate has no strict schemas for {k8s_version}"
+        )
+    definitions = json.loads(
+        (root / max(candidates) / "_definitions.json").read_text(encoding="utf-8")
+    )
+    registry: Registry = Resource.from_contents(definitions) @ Registry()
+    schema = {"$ref": f"{_K8S_DEFINITIONS_ID}#/$defs/{_OBJECT_META}"}
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def _object_meta_problems(metadata: object, k8s_version: str) -> list[str]:
+    validator = _object_meta_validator(k8s_version)
+    return [f"{_path(e)}: {e.message}" for e in validator.iter_errors(metadata)]
+
+
+def validate_core(obj: Mapping[str, Any], k8s_version: str = K8S_VERSION) -> str:
+    """Validate a built-in kind with kubernetes_validate in strict mode; returns the version used.
+
+    Raises SchemaNotFound (unknown apiVersion/kind) or ManifestInvalid.
+    """
+    if not isinstance(obj.get("apiVersion"), str) or not isinstance(
+        obj.get("kind"), str
+    ):
+        raise SchemaNotFound(f"object without apiVersion/kind: {dict(obj)!r:.200}")
+    try:
+        return kubernetes_validate.validate(dict(obj), k8s_version, strict=True)
+    except (kubernetes_validate.SchemaNotFoundError, VersionNotSupportedError) as exc:
+        raise SchemaNotFound(exc.message) from None
+    except kubernetes_validate.ValidationError as exc:
+        raise ManifestInvalid(
+            f"{_where(obj)} is invalid for Kubernetes {exc.version} at {_path(exc)}: {exc.message}"
+        ) from None
+
+
+def validate_object(obj: Mapping[str, Any], k8s_version: str = K8S_VERSION) -> str:
+    """Validate any object: a CRD from deploy/crds if one matches, else a built-in kind.
+
+    Returns what validated it ("crd" or the Kubernetes version). An apiVersion/kind known to
+    neither raises SchemaNotFound.
+    """
+    group, _ = split_api_version(str(obj.get("apiVersion", "")))
+    if has_crd(group, str(obj.get("kind", ""))):
+        validate_custom_resource(obj)
+        return "crd"
+    return validate_core(obj, k8s_version)
+
+
+def load_yaml_documents(
+    paths: Iterable[Path],
+) -> list[tuple[Path, int, dict[str, Any]]]:
+    """(path, index in file, object) for every non-empty YAML document in the files."""
+    out: list[tuple[Path, int, dict[str, Any]]] = []
+    for path in paths:
+        for index, doc in enumerate(
+            yaml.safe_load_all(path.read_text(encoding="utf-8"))
+        ):
+            if doc is not None:
+                out.append((path, index, doc))
+    return out

@@ -1,0 +1,540 @@
+"""Checks of the Kubernetes material under deploy/: schemas, wiring, and the settings that matter.
+
+Every object under deploy/base and deploy/examples is validated strictly (unknown fields fail):
+built-in kinds with kubernetes_validate, custom resources against the upstream CRDs in deploy/crds
+(see k8s_schema.py). The other tests check what a schema cannot: that the pieces point at each
+other and that the hardening and scaling settings are the intended ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+TESTS_DIR = Path(__file__).resolve().parent
+if (
+    str(TESTS_DIR) not in sys.path
+):  # k8s_schema.py sits next to this file, under any import mode
+    sys.path.insert(0, str(TESTS_DIR))
+
+import k8s_schema
+
+DEPLOY = k8s_schema.REPO_ROOT / "deploy"
+BASE = DEPLOY / "base"
+EXAMPLES = DEPLOY / "examples"
+KUSTOMIZATION = BASE / "kustomization.yaml"
+
+CORE_KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ConfigMap",
+    "Deployment",
+    "Service",
+    "PodDisruptionBudget",
+}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+EXTERNAL_TRIGGERS = {"external", "external-push"}
+# The oldest Kubernetes the manifests target, and the newest kubernetes_validate ships.
+K8S_VERSIONS = sorted({k8s_schema.K8S_VERSION, kubernetes_validate.latest_version()})
+
+
+def _yaml_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.suffix in (".yaml", ".yml"))
+
+
+BASE_FILES = [p for p in _yaml_files(BASE) if p != KUSTOMIZATION]
+EXAMPLE_FILES = _yaml_files(EXAMPLES)
+OBJECTS = k8s_schema.load_yaml_documents(BASE_FILES + EXAMPLE_FILES)
+
+
+def _id(entry: tuple[Path, int, dict[str, Any]]) -> str:
+    path, index, obj = entry
+    name = (obj.get("metadata") or {}).get("name", "?")
+    return f"{path.relative_to(DEPLOY)}#{index}:{obj.get('kind')}/{name}"
+
+
+def _is_custom(obj: dict[str, Any]) -> bool:
+    group, _ = k8s_schema.split_api_version(str(obj.get("apiVersion", "")))
+    return k8s_schema.has_crd(group, str(obj.get("kind", "")))
+
+
+CORE_OBJECTS = [entry for entry in OBJECTS if not _is_custom(entry[2])]
+CUSTOM_OBJECTS = [entry for entry in OBJECTS if _is_custom(entry[2])]
+
+
+def _only(
+    kind: str, entries: list[tuple[Path, int, dict[str, Any]]] = OBJECTS
+) -> dict[str, Any]:
+    found = [obj for _, _, obj in entries if obj.get("kind") == kind]
+    assert len(found) == 1, (
+        f"expected exactly one {kind} under deploy/base, found {len(found)}"
+    )
+    return found[0]
+
+
+def _base_objects() -> list[tuple[Path, int, dict[str, Any]]]:
+    return [entry for entry in OBJECTS if entry[0].is_relative_to(BASE)]
+
+
+def _scaled_objects() -> list[dict[str, Any]]:
+    return [obj for _, _, obj in OBJECTS if obj.get("kind") == "ScaledObject"]
+
+
+def _scaler_container() -> dict[str, Any]:
+    containers = _only("Deployment", _base_objects())["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def _config_text() -> str:
+    return _only("ConfigMap", _base_objects())["data"]["config.yaml"]
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(
+        self, node: yaml.MappingNode, deep: bool = False
+    ) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # unhashable complex key: let SafeLoader report it
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# --- files and kustomization ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", _yaml_files(DEPLOY), ids=lambda p: str(p.relative_to(DEPLOY))
+)
+def test_deploy_yaml_is_clean(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert "\t" not in text, f"{path} contains a tab"
+    docs = list(yaml.load_all(text, Loader=UniqueKeyLoader))
+    assert docs == list(yaml.safe_load_all(text))
+    for doc in docs:
+        assert yaml.safe_load(yaml.safe_dump(doc, sort_keys=False)) == doc
+
+
+def test_kustomization_lists_exactly_the_base_files() -> None:
+    kustomization = yaml.safe_load(KUSTOMIZATION.read_text(encoding="utf-8"))
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert kustomization["kind"] == "Kustomization"
+    assert kustomization["namespace"] == "gpu-queue-scaler"
+    assert (
+        "commonLabels" not in kustomization
+    )  # it would rewrite the immutable selector
+    assert kustomization["labels"] == [
+        {
+            "pairs": {"app.kubernetes.io/part-of": "gpu-queue-scaler"},
+            "includeSelectors": False,
+        }
+    ]
+
+    resources = kustomization["resources"]
+    assert len(resources) == len(set(resources)), "duplicate entries in resources"
+    for name in resources:
+        assert (BASE / name).is_file(), f"kustomization names missing file {name}"
+    listed = set(resources)
+    present = {str(p.relative_to(BASE)) for p in BASE_FILES}
+    assert listed == present, f"missing: {present - listed}; extra: {listed - present}"
+
+
+def test_base_objects_live_in_the_scaler_namespace() -> None:
+    namespace = yaml.safe_load(KUSTOMIZATION.read_text(encoding="utf-8"))["namespace"]
+    assert _only("Namespace", _base_objects())["metadata"]["name"] == namespace
+    for _, _, obj in _base_objects():
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
+        else:
+            assert obj["metadata"].get("namespace") == namespace, obj["metadata"][
+                "name"
+            ]
+
+
+def test_crds_are_documented_and_licensed() -> None:
+    crd_dir = k8s_schema.CRD_DIR
+    readme = (crd_dir / "README.md").read_text(encoding="utf-8")
+    for path in sorted(crd_dir.glob("*.yaml")):
+        assert f"| {path.name} |" in readme, (
+            f"{path.name} missing from deploy/crds/README.md"
+        )
+    license_text = (crd_dir / "LICENSE").read_text(encoding="utf-8")
+    assert (
+        "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    )
+    assert "END OF TERMS AND CONDITIONS" in license_text
+
+
+# --- schema validation ----------------------------------------------------------------------------
+
+
+def test_every_object_has_a_schema_kind_we_expect() -> None:
+    kinds = {obj["kind"] for _, _, obj in CORE_OBJECTS}
+    assert kinds == CORE_KINDS
+    assert {obj["kind"] for _, _, obj in CUSTOM_OBJECTS} == {"ScaledObject"}
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("entry", CORE_OBJECTS, ids=_id)
+def test_core_object_is_valid(
+    entry: tuple[Path, int, dict[str, Any]], version: str
+) -> None:
+    _, _, obj = entry
+    try:
+        k8s_schema.validate_core(obj, version)
+    except (k8s_schema.ManifestInvalid, k8s_schema.SchemaNotFound) as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.mark.parametrize("entry", CUSTOM_OBJECTS, ids=_id)
+def test_custom_resource_is_valid(entry: tuple[Path, int, dict[str, Any]]) -> None:
+    _, _, obj = entry
+    try:
+        k8s_schema.validate_custom_resource(obj)
+    except (k8s_schema.ManifestInvalid, k8s_schema.SchemaNotFound) as exc:
+        pytest.fail(str(exc))
+
+
+def _vllm_example() -> dict[str, Any]:
+    [obj] = [o for o in _scaled_objects() if o["metadata"]["name"] == "llama-3-8b"]
+    return copy.deepcopy(obj)
+
+
+def test_unknown_scaledobject_spec_field_is_rejected() -> None:
+    obj = _vllm_example()
+    obj["spec"]["pollingIntervall"] = 15
+    with pytest.raises(k8s_schema.ManifestInvalid, match="pollingIntervall"):
+        k8s_schema.validate_custom_resource(obj)
+
+
+def test_unknown_nested_scaledobject_field_is_rejected() -> None:
+    obj = _vllm_example()
+    obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"][
+        "tolerence"
+    ] = "0"
+    with pytest.raises(k8s_schema.ManifestInvalid, match="tolerence"):
+        k8s_schema.validate_custom_resource(obj)
+
+
+def test_unquoted_trigger_metadata_number_is_rejected() -> None:
+    obj = _vllm_example()
+    obj["spec"]["triggers"][0]["metadata"]["targetConcurrency"] = 16
+    with pytest.raises(k8s_schema.ManifestInvalid, match="targetConcurrency"):
+        k8s_schema.validate_custom_resource(obj)
+
+
+def test_custom_resource_metadata_is_checked_as_object_meta() -> None:
+    obj = _vllm_example()
+    obj["metadata"]["lables"] = {"a": "b"}
+    with pytest.raises(k8s_schema.ManifestInvalid, match="lables"):
+        k8s_schema.validate_custom_resource(obj)
+
+
+def test_unknown_container_field_is_rejected() -> None:
+    deployment = copy.deepcopy(_only("Deployment", _base_objects()))
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolice"] = (
+        "Always"
+    )
+    with pytest.raises(k8s_schema.ManifestInvalid, match="imagePullPolice"):
+        k8s_schema.validate_core(deployment)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}},
+        {"apiVersion": "v1", "kind": "Gadget", "metadata": {"name": "g"}},
+        {
+            "apiVersion": "keda.sh/v1alpha1",
+            "kind": "ScaledWidget",
+            "metadata": {"name": "s"},
+        },
+        {"kind": "ConfigMap", "metadata": {"name": "no-api-version"}},
+    ],
+    ids=["unknown-group", "unknown-core-kind", "unknown-crd-kind", "no-apiVersion"],
+)
+def test_object_without_a_schema_fails_loudly(obj: dict[str, Any]) -> None:
+    with pytest.raises(k8s_schema.SchemaNotFound):
+        k8s_schema.validate_object(obj)
+
+
+def test_unserved_crd_version_fails_loudly() -> None:
+    obj = _vllm_example()
+    obj["apiVersion"] = "keda.sh/v1alpha2"
+    with pytest.raises(k8s_schema.SchemaNotFound, match="v1alpha2"):
+        k8s_schema.validate_custom_resource(obj)
+
+
+def test_strict_closes_objects_but_keeps_open_ones_open() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "closed": {"type": "object", "properties": {"a": {"type": "string"}}},
+            "preserved": {
+                "type": "object",
+                "properties": {"a": {"type": "string"}},
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "list": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"b": {}}},
+            },
+            "intOrString": {"x-kubernetes-int-or-string": True},
+            "maybe": {"type": "string", "nullable": True},
+        },
+        "required": ["closed"],
+    }
+    strict = k8s_schema.strict(schema)
+    assert (
+        schema["properties"]["closed"].get("additionalProperties") is None
+    )  # input untouched
+    assert strict["additionalProperties"] is False
+    assert strict["properties"]["closed"]["additionalProperties"] is False
+    assert "additionalProperties" not in strict["properties"]["preserved"]
+    assert strict["properties"]["labels"]["additionalProperties"] == {"type": "string"}
+    assert strict["properties"]["list"]["items"]["additionalProperties"] is False
+    assert strict["properties"]["intOrString"]["anyOf"] == [
+        {"type": "integer"},
+        {"type": "string"},
+    ]
+    assert strict["properties"]["maybe"]["type"] == ["string", "null"]
+    assert "required" not in k8s_schema.strict(schema, drop_required=True)
+
+
+def test_partial_validation_accepts_a_patch_body_but_not_unknown_fields() -> None:
+    patch = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "spec": {"maxReplicaCount": 3},
+    }
+    k8s_schema.validate_custom_resource(patch, partial=True)
+    with pytest.raises(k8s_schema.ManifestInvalid, match="required"):
+        k8s_schema.validate_custom_resource(patch)
+    patch["spec"]["maxReplicaCounts"] = 3
+    with pytest.raises(k8s_schema.ManifestInvalid, match="maxReplicaCounts"):
+        k8s_schema.validate_custom_resource(patch, partial=True)
+
+
+# --- the scaler Deployment and its wiring ---------------------------------------------------------
+
+
+def _arg(args: list[str], flag: str) -> str:
+    assert flag in args, f"{flag} missing from args {args}"
+    return args[args.index(flag) + 1]
+
+
+def test_deployment_is_hardened_and_probed_over_grpc() -> None:
+    deployment = _only("Deployment", _base_objects())
+    assert deployment["spec"]["replicas"] == 2
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= template["metadata"]["labels"].items()
+
+    assert (
+        pod["serviceAccountName"]
+        == _only("ServiceAccount", _base_objects())["metadata"]["name"]
+    )
+    assert pod["automountServiceAccountToken"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [spread] = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        spread["labelSelector"]["matchLabels"].items()
+        <= template["metadata"]["labels"].items()
+    )
+
+    container = _scaler_container()
+    args = container["args"]
+    assert args[0] == "serve"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": 6000, "metrics": 9090}
+    assert _arg(args, "--address").rsplit(":", 1)[1] == str(ports["grpc"])
+    assert _arg(args, "--metrics-address").rsplit(":", 1)[1] == str(ports["metrics"])
+
+    for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = container[probe_name]
+        assert set(probe) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, (
+            probe_name
+        )
+        assert probe["grpc"]["port"] == 6000, probe_name
+    assert (
+        container["readinessProbe"]["grpc"]["service"]
+        == "externalscaler.ExternalScaler"
+    )
+    assert container["livenessProbe"]["grpc"].get("service", "") == ""
+
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+
+    resources = container["resources"]
+    assert {"cpu", "memory"} <= set(resources["requests"])
+    assert "memory" in resources["limits"]
+    assert "cpu" not in resources["limits"]  # CPU limits throttle gRPC latency
+
+    # The config: a whole-directory ConfigMap mount (subPath mounts never see updates).
+    config_path = PurePosixPath(_arg(args, "--config"))
+    [mount] = [
+        m
+        for m in container["volumeMounts"]
+        if m["mountPath"] == str(config_path.parent)
+    ]
+    assert "subPath" not in mount and "subPathExpr" not in mount
+    assert mount["readOnly"] is True
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    configmap = _only("ConfigMap", _base_objects())
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    assert config_path.name in configmap["data"]
+    assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
+
+
+def test_service_is_headless_and_selects_the_scaler_pods() -> None:
+    service = _only("Service", _base_objects())
+    pod_labels = _only("Deployment", _base_objects())["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert set(ports) == {"grpc", "metrics"}
+    assert ports["grpc"]["port"] == 6000 and ports["grpc"]["appProtocol"] == "grpc"
+    assert ports["metrics"]["port"] == 9090
+    container_ports = {p["name"] for p in _scaler_container()["ports"]}
+    for port in ports.values():
+        assert port["targetPort"] in container_ports
+
+    pdb = _only("PodDisruptionBudget", _base_objects())
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_rbac_is_least_privilege() -> None:
+    role = _only("ClusterRole", _base_objects())
+    assert role["rules"] == [
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    binding = _only("ClusterRoleBinding", _base_objects())
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = _only("ServiceAccount", _base_objects())["metadata"]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["name"],
+            "namespace": account["namespace"],
+        }
+    ]
+    kinds = [obj["kind"] for _, _, obj in OBJECTS]
+    assert "Role" not in kinds and "RoleBinding" not in kinds
+
+
+def test_configmap_config_parses_with_defaults_profiles_and_server() -> None:
+    config = yaml.load(_config_text(), Loader=UniqueKeyLoader)
+    assert isinstance(config, dict)
+    assert set(config) == {"defaults", "profiles", "server"}
+    assert all(isinstance(config[key], dict) for key in config)
+    assert "llama-3-8b" in config["profiles"]
+    for obj in _scaled_objects():
+        for trigger in obj["spec"]["triggers"]:
+            profile = trigger["metadata"].get("profile")
+            assert profile is None or profile in config["profiles"], profile
+
+
+# --- example ScaledObjects ------------------------------------------------------------------------
+
+
+def test_example_scaledobjects_point_at_the_scaler_and_agree_with_their_spec() -> None:
+    service = _only("Service", _base_objects())
+    grpc_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc")
+    address = (
+        f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local"
+        f":{grpc_port}"
+    )
+    objects = _scaled_objects()
+    assert {o["metadata"]["name"] for o in objects} == {
+        "llama-3-8b",
+        "resnet50",
+        "synthetic-demo",
+    }
+    for obj in objects:
+        spec, name = obj["spec"], obj["metadata"]["name"]
+        lo, hi = spec.get("minReplicaCount", 0), spec.get("maxReplicaCount", 100)
+        assert lo <= hi, name  # the CRD's CEL rule, which jsonschema cannot run
+        behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        for direction in ("scaleUp", "scaleDown"):
+            assert behavior[direction]["tolerance"] == "0", (name, direction)
+            assert behavior[direction]["stabilizationWindowSeconds"] == 0, (
+                name,
+                direction,
+            )
+        triggers = [t for t in spec["triggers"] if t["type"] in EXTERNAL_TRIGGERS]
+        assert triggers, name
+        for trigger in triggers:
+            metadata = trigger["metadata"]
+            assert trigger.get("metricType", "AverageValue") == "AverageValue", name
+            assert metadata["scalerAddress"] == address, name
+            assert all(isinstance(value, str) for value in metadata.values()), name
+            if "minReplicas" in metadata:
+                assert int(metadata["minReplicas"]) == lo, name
+            if "maxReplicas" in metadata:
+                assert int(metadata["maxReplicas"]) == hi, name
+            if "pollingIntervalSeconds" in metadata:
+                polling = float(metadata["pollingIntervalSeconds"])
+                assert polling == spec.get("pollingInterval", 30), name
+    [synthetic] = [o for o in objects if o["metadata"]["name"] == "synthetic-demo"]
+    assert [t["type"] for t in synthetic["spec"]["triggers"]] == ["external-push"]
+
+
+def test_example_trigger_metadata_parses_with_scaler_schema() -> None:
+    from scaler.config import load_config_text
+    from scaler.trigger import parse_trigger
+
+    profiles = load_config_text(_config_text()).profiles
+    checked = 0
+    for obj in _scaled_objects():
+        namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        for trigger in obj["spec"]["triggers"]:
+            if trigger["type"] not in EXTERNAL_TRIGGERS:
+                continue
+            metadata = dict(trigger["metadata"])
+            parse_trigger(namespace, name, metadata)
+            if "profile" in metadata:
+                assert metadata["profile"] in profiles, (name, metadata["profile"])
+            checked += 1
+    assert checked == 3
