@@ -29,8 +29,15 @@ from scaler.workload import ResolveError, WorkloadSpec, resolve
 
 log = logging.getLogger(__name__)
 
-HISTORY_MAX_POINTS = 2000
+HISTORY_MAX_POINTS = 600
 WorkloadKey = tuple[str, str, str]
+
+
+def _segment(end: float, span: float, interval: float) -> tuple[float, float]:
+    """Start and step of a tick-aligned grid that covers `span` before `end` in at most
+    HISTORY_MAX_POINTS points."""
+    step = interval * max(1, math.ceil(span / interval / HISTORY_MAX_POINTS))
+    return end - math.ceil(span / step) * step, step
 
 
 class Fault(Enum):
@@ -191,18 +198,25 @@ class Engine:
             ) from None
 
     async def _warm_start(self, workload: Workload) -> None:
-        """Replay the source's recent history through the policy, aligned to the tick grid."""
+        """Replay the source's recent history through the policy on the tick grid.
+
+        The stabilization window is replayed at the evaluation interval, exactly as a running
+        replica computed it; the older part of the idle window only has to show when the
+        workload was last busy, so it is replayed on a coarser grid (still tick-aligned).
+        """
         try:
             spec = self._spec(workload)
         except NoDecisionError:
             return
         interval = self._store.current.server.evaluation_interval_s
-        window = max(spec.scale_down_stabilization_s, spec.scale_to_zero_idle_s)
-        step = interval * max(1, math.ceil(window / interval / HISTORY_MAX_POINTS))
         end = math.floor(self._clock() / interval) * interval
-        start = end - math.ceil(window / step) * step
+        fine_start, fine_step = _segment(end, spec.scale_down_stabilization_s, interval)
+        idle_extra = max(0.0, spec.scale_to_zero_idle_s - (end - fine_start))
+        coarse_start, coarse_step = _segment(fine_start, idle_extra, interval)
+        source = self._source(spec.trigger.backend)
         try:
-            history = await self._source(spec.trigger.backend).history(spec, start, end, step)
+            history = await source.history(spec, coarse_start, fine_start, coarse_step)
+            history += await source.history(spec, fine_start, end, fine_step)
         except (SourceError, TimeoutError) as exc:
             log.warning("no history for warm start: %s", exc, extra={"workload": spec.workload})
             return

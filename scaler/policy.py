@@ -64,10 +64,21 @@ class Decision:
 
 @dataclass(frozen=True)
 class PolicyState:
-    recent: tuple[tuple[float, int], ...] = ()  # (tick, ceil(need)) inside the stabilization window
+    # Sliding-window maximum of ceil(need) over the stabilization window, as a monotone queue:
+    # (tick, value) pairs with strictly decreasing values; the first is the window's maximum.
+    recent: tuple[tuple[float, int], ...] = ()
     last_busy_at: float | None = None
     first_at: float | None = None  # first tick this state has seen (history included)
     last_good: Decision | None = None  # last decision made from a real signal
+
+
+def _window_max_push(
+    queue: tuple[tuple[float, int], ...], at: float, value: int, window_start: float
+) -> tuple[tuple[float, int], ...]:
+    """Append (at, value) and drop what can no longer be the maximum: O(1) amortised, so a
+    replayed history of hundreds of ticks costs no more than live evaluation."""
+    kept = [p for p in queue if p[0] > window_start and p[1] > value]
+    return (*kept, (at, value))
 
 
 def hold(state: PolicyState, at: float, stale_s: float, faults: tuple[str, ...]) -> Decision | None:
@@ -97,8 +108,7 @@ def decide(
 
     need = in_flight / spec.target_concurrency
     now_replicas = max(0, math.ceil(need - EPSILON))
-    window_start = at - spec.scale_down_stabilization_s
-    recent = (*tuple(p for p in state.recent if p[0] > window_start), (at, now_replicas))
+    recent = _window_max_push(state.recent, at, now_replicas, at - spec.scale_down_stabilization_s)
     busy = bool(signal.busy)
     last_busy = at if busy else state.last_busy_at
     first_at = state.first_at if state.first_at is not None else at
@@ -106,7 +116,7 @@ def decide(
     idle_since = last_busy if last_busy is not None else first_at
     idle = not busy and at - idle_since >= spec.scale_to_zero_idle_s
 
-    target = max(p[1] for p in recent)
+    target = recent[0][1]
     reason = Reason.CURRENT_NEED if target == now_replicas else Reason.STABILIZATION
     detail = (
         f"in_flight={in_flight:.2f} / targetConcurrency={spec.target_concurrency:g} "

@@ -53,13 +53,16 @@ class ScalerServer:
         metrics_address: str | None = None,
         registry: CollectorRegistry | None = None,
         grace_s: float = 10.0,
+        config_poll_s: float = CONFIG_POLL_S,
     ) -> None:
         self.store = store
-        self.engine = engine or Engine(store)
+        self.engine = engine if engine is not None else Engine(store)
         self.address = address
         self.metrics_address = metrics_address
         self.registry = registry if registry is not None else REGISTRY
         self.grace_s = grace_s
+        self.config_poll_s = config_poll_s
+        self._collector: DecisionCollector | None = None
         self.port = 0
         self.metrics_port = 0
         self._shutdown = asyncio.Event()
@@ -82,7 +85,8 @@ class ScalerServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.address}")
         if self.metrics_address is not None:
-            self.registry.register(DecisionCollector(self.engine.decisions))
+            self._collector = DecisionCollector(self.engine.decisions)
+            self.registry.register(self._collector)
             mhost, mport = split_address(self.metrics_address)
             httpd, _ = start_http_server(mport, addr=mhost, registry=self.registry)
             self.metrics_port = httpd.server_port
@@ -91,7 +95,9 @@ class ScalerServer:
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.store.path is not None:
-            self._tasks.append(asyncio.create_task(self.store.watch(CONFIG_POLL_S, self._shutdown)))
+            self._tasks.append(
+                asyncio.create_task(self.store.watch(self.config_poll_s, self._shutdown))
+            )
         log.info(
             "serving",
             extra={"event": "serving", "port": self.port, "metrics_port": self.metrics_port},
@@ -111,6 +117,9 @@ class ScalerServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()  # type: ignore[attr-defined]
+            self._metrics_httpd.server_close()  # type: ignore[attr-defined]
+        if self._collector is not None:
+            self.registry.unregister(self._collector)
         self._stopped.set()
         log.info("stopped", extra={"event": "stopped"})
 

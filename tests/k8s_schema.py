@@ -6,7 +6,7 @@ upstream CRDs copied into deploy/crds, after `strict()` closes every object sche
 silently prunes unknown fields of a custom resource unless the client asks for strict field
 validation, so without this a misspelt key would pass here and vanish in the cluster.
 
-An object with no known schema is an error (`SchemaNotFound`), never a silent pass.
+An object with no known schema is an error (`SchemaNotFoundError`), never a silent pass.
 
 Reused by the manifest tests and by tests of the request bodies the scaler sends to the API
 (e.g. Karpenter NodePool patches: `validate_custom_resource(body, partial=True)`).
@@ -38,11 +38,11 @@ _OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
 _K8S_DEFINITIONS_ID = "https://kubernetes.io/api/_definitions.json"
 
 
-class SchemaNotFound(LookupError):
+class SchemaNotFoundError(LookupError):
     """No schema is known for this apiVersion/kind: fail loudly instead of passing."""
 
 
-class ManifestInvalid(ValueError):
+class ManifestInvalidError(ValueError):
     """The object does not match its schema; the message lists every problem with its path."""
 
 
@@ -89,20 +89,16 @@ def load_crd_schema(group: str, kind: str, version: str) -> dict[str, Any]:
     crd = _crd_index().get((group, kind))
     if crd is None:
         known = ", ".join(f"{k} ({g})" for g, k in sorted(_crd_index()))
-        raise SchemaNotFound(
+        raise SchemaNotFoundError(
             f"no CRD for kind {kind!r} in group {group!r} in {CRD_DIR}; known: {known}"
         )
     for entry in crd["spec"]["versions"]:
         if entry["name"] == version:
             if not entry.get("served", False):
-                raise SchemaNotFound(
-                    f"{group}/{version} {kind} is not served by its CRD"
-                )
+                raise SchemaNotFoundError(f"{group}/{version} {kind} is not served by its CRD")
             return copy.deepcopy(entry["schema"]["openAPIV3Schema"])
     names = [entry["name"] for entry in crd["spec"]["versions"]]
-    raise SchemaNotFound(
-        f"CRD for {group} {kind} has no version {version!r} (has {names})"
-    )
+    raise SchemaNotFoundError(f"CRD for {group} {kind} has no version {version!r} (has {names})")
 
 
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf")
@@ -124,8 +120,7 @@ def strict(schema: Mapping[str, Any], *, drop_required: bool = False) -> dict[st
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), Mapping):
             out[key] = {
-                name: strict(sub, drop_required=drop_required)
-                for name, sub in out[key].items()
+                name: strict(sub, drop_required=drop_required) for name, sub in out[key].items()
             }
     for key in _SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
@@ -154,11 +149,7 @@ def strict(schema: Mapping[str, Any], *, drop_required: bool = False) -> dict[st
         and out.get("x-kubernetes-preserve-unknown-fields") is not True
     ):
         out["additionalProperties"] = False
-    if (
-        out.get("x-kubernetes-int-or-string") is True
-        and "type" not in out
-        and "anyOf" not in out
-    ):
+    if out.get("x-kubernetes-int-or-string") is True and "type" not in out and "anyOf" not in out:
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     if out.get("nullable") is True and isinstance(out.get("type"), str):
         out["type"] = [out["type"], "null"]
@@ -183,26 +174,20 @@ def validate_custom_resource(obj: Mapping[str, Any], *, partial: bool = False) -
     `metadata` is checked as the API server checks it: against the core ObjectMeta schema.
     With `partial=True` required fields may be missing (for merge-patch bodies); apiVersion and
     kind must still be present to find the schema, and null (delete) values are not supported.
-    Raises SchemaNotFound or ManifestInvalid.
+    Raises SchemaNotFoundError or ManifestInvalidError.
     """
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     if not isinstance(api_version, str) or not isinstance(kind, str):
-        raise SchemaNotFound(f"object without apiVersion/kind: {dict(obj)!r:.200}")
+        raise SchemaNotFoundError(f"object without apiVersion/kind: {dict(obj)!r:.200}")
     group, version = split_api_version(api_version)
     if not group:
-        raise SchemaNotFound(
-            f"{api_version} {kind} is a core kind, not a custom resource"
-        )
+        raise SchemaNotFoundError(f"{api_version} {kind} is a core kind, not a custom resource")
     validator = _crd_validator(group, kind, version, partial)
     problems = [f"{_path(e)}: {e.message}" for e in validator.iter_errors(dict(obj))]
     if "metadata" in obj:
-        problems += [
-            f"metadata.{p}" for p in _object_meta_problems(obj["metadata"], K8S_VERSION)
-        ]
+        problems += [f"metadata.{p}" for p in _object_meta_problems(obj["metadata"], K8S_VERSION)]
     if problems:
-        raise ManifestInvalid(
-            f"{_where(obj)} is invalid:\n  " + "\n  ".join(sorted(problems))
-        )
+        raise ManifestInvalidError(f"{_where(obj)} is invalid:\n  " + "\n  ".join(sorted(problems)))
 
 
 # --- built-in kinds -------------------------------------------------------------------------------
@@ -215,13 +200,10 @@ def _object_meta_validator(k8s_version: str) -> jsonschema.protocols.Validator:
     candidates = [
         entry.name
         for entry in root.iterdir()
-        if entry.name.startswith(f"v{k8s_version}.")
-        and entry.name.endswith("-local-strict")
+        if entry.name.startswith(f"v{k8s_version}.") and entry.name.endswith("-local-strict")
     ]
     if not candidates:
-        raise SchemaNotFound(
-            f"kubernetes_validate has no strict schemas for {k8s_version}"
-        )
+        raise SchemaNotFoundError(f"kubernetes_validate has no strict schemas for {k8s_version}")
     definitions = json.loads(
         (root / max(candidates) / "_definitions.json").read_text(encoding="utf-8")
     )
@@ -238,27 +220,26 @@ def _object_meta_problems(metadata: object, k8s_version: str) -> list[str]:
 def validate_core(obj: Mapping[str, Any], k8s_version: str = K8S_VERSION) -> str:
     """Validate a built-in kind with kubernetes_validate in strict mode; returns the version used.
 
-    Raises SchemaNotFound (unknown apiVersion/kind) or ManifestInvalid.
+    Raises SchemaNotFoundError (unknown apiVersion/kind) or ManifestInvalidError.
     """
-    if not isinstance(obj.get("apiVersion"), str) or not isinstance(
-        obj.get("kind"), str
-    ):
-        raise SchemaNotFound(f"object without apiVersion/kind: {dict(obj)!r:.200}")
+    if not isinstance(obj.get("apiVersion"), str) or not isinstance(obj.get("kind"), str):
+        raise SchemaNotFoundError(f"object without apiVersion/kind: {dict(obj)!r:.200}")
     try:
-        return kubernetes_validate.validate(dict(obj), k8s_version, strict=True)
+        used: str = kubernetes_validate.validate(dict(obj), k8s_version, strict=True)
     except (kubernetes_validate.SchemaNotFoundError, VersionNotSupportedError) as exc:
-        raise SchemaNotFound(exc.message) from None
+        raise SchemaNotFoundError(exc.message) from None
     except kubernetes_validate.ValidationError as exc:
-        raise ManifestInvalid(
+        raise ManifestInvalidError(
             f"{_where(obj)} is invalid for Kubernetes {exc.version} at {_path(exc)}: {exc.message}"
         ) from None
+    return used
 
 
 def validate_object(obj: Mapping[str, Any], k8s_version: str = K8S_VERSION) -> str:
     """Validate any object: a CRD from deploy/crds if one matches, else a built-in kind.
 
     Returns what validated it ("crd" or the Kubernetes version). An apiVersion/kind known to
-    neither raises SchemaNotFound.
+    neither raises SchemaNotFoundError.
     """
     group, _ = split_api_version(str(obj.get("apiVersion", "")))
     if has_crd(group, str(obj.get("kind", ""))):
@@ -273,9 +254,7 @@ def load_yaml_documents(
     """(path, index in file, object) for every non-empty YAML document in the files."""
     out: list[tuple[Path, int, dict[str, Any]]] = []
     for path in paths:
-        for index, doc in enumerate(
-            yaml.safe_load_all(path.read_text(encoding="utf-8"))
-        ):
+        for index, doc in enumerate(yaml.safe_load_all(path.read_text(encoding="utf-8"))):
             if doc is not None:
                 out.append((path, index, doc))
     return out

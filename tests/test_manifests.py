@@ -18,12 +18,10 @@ import pytest
 import yaml
 
 TESTS_DIR = Path(__file__).resolve().parent
-if (
-    str(TESTS_DIR) not in sys.path
-):  # k8s_schema.py sits next to this file, under any import mode
+if str(TESTS_DIR) not in sys.path:  # k8s_schema.py sits next to this file, under any import mode
     sys.path.insert(0, str(TESTS_DIR))
 
-import k8s_schema
+import k8s_schema  # noqa: E402
 
 DEPLOY = k8s_schema.REPO_ROOT / "deploy"
 BASE = DEPLOY / "base"
@@ -70,13 +68,9 @@ CORE_OBJECTS = [entry for entry in OBJECTS if not _is_custom(entry[2])]
 CUSTOM_OBJECTS = [entry for entry in OBJECTS if _is_custom(entry[2])]
 
 
-def _only(
-    kind: str, entries: list[tuple[Path, int, dict[str, Any]]] = OBJECTS
-) -> dict[str, Any]:
+def _only(kind: str, entries: list[tuple[Path, int, dict[str, Any]]] = OBJECTS) -> dict[str, Any]:
     found = [obj for _, _, obj in entries if obj.get("kind") == kind]
-    assert len(found) == 1, (
-        f"expected exactly one {kind} under deploy/base, found {len(found)}"
-    )
+    assert len(found) == 1, f"expected exactly one {kind} under deploy/base, found {len(found)}"
     return found[0]
 
 
@@ -89,23 +83,22 @@ def _scaled_objects() -> list[dict[str, Any]]:
 
 
 def _scaler_container() -> dict[str, Any]:
-    containers = _only("Deployment", _base_objects())["spec"]["template"]["spec"][
-        "containers"
-    ]
+    containers = _only("Deployment", _base_objects())["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
-    return containers[0]
+    container: dict[str, Any] = containers[0]
+    return container
 
 
 def _config_text() -> str:
-    return _only("ConfigMap", _base_objects())["data"]["config.yaml"]
+    text = _only("ConfigMap", _base_objects())["data"]["config.yaml"]
+    assert isinstance(text, str)
+    return text
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last one)."""
 
-    def construct_mapping(
-        self, node: yaml.MappingNode, deep: bool = False
-    ) -> dict[Any, Any]:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
@@ -127,9 +120,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
 # --- files and kustomization ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "path", _yaml_files(DEPLOY), ids=lambda p: str(p.relative_to(DEPLOY))
-)
+@pytest.mark.parametrize("path", _yaml_files(DEPLOY), ids=lambda p: str(p.relative_to(DEPLOY)))
 def test_deploy_yaml_is_clean(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     assert "\t" not in text, f"{path} contains a tab"
@@ -144,9 +135,7 @@ def test_kustomization_lists_exactly_the_base_files() -> None:
     assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
     assert kustomization["kind"] == "Kustomization"
     assert kustomization["namespace"] == "gpu-queue-scaler"
-    assert (
-        "commonLabels" not in kustomization
-    )  # it would rewrite the immutable selector
+    assert "commonLabels" not in kustomization  # it would rewrite the immutable selector
     assert kustomization["labels"] == [
         {
             "pairs": {"app.kubernetes.io/part-of": "gpu-queue-scaler"},
@@ -170,22 +159,17 @@ def test_base_objects_live_in_the_scaler_namespace() -> None:
         if obj["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
         else:
-            assert obj["metadata"].get("namespace") == namespace, obj["metadata"][
-                "name"
-            ]
+            assert obj["metadata"].get("namespace") == namespace, obj["metadata"]["name"]
 
 
 def test_crds_are_documented_and_licensed() -> None:
     crd_dir = k8s_schema.CRD_DIR
     readme = (crd_dir / "README.md").read_text(encoding="utf-8")
     for path in sorted(crd_dir.glob("*.yaml")):
-        assert f"| {path.name} |" in readme, (
-            f"{path.name} missing from deploy/crds/README.md"
-        )
+        assert f"| {path.name} |" in readme, f"{path.name} missing from deploy/crds/README.md"
     license_text = (crd_dir / "LICENSE").read_text(encoding="utf-8")
-    assert (
-        "Apache License" in license_text and "Version 2.0, January 2004" in license_text
-    )
+    assert "Apache License" in license_text
+    assert "Version 2.0, January 2004" in license_text
     assert "END OF TERMS AND CONDITIONS" in license_text
 
 
@@ -200,13 +184,11 @@ def test_every_object_has_a_schema_kind_we_expect() -> None:
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("entry", CORE_OBJECTS, ids=_id)
-def test_core_object_is_valid(
-    entry: tuple[Path, int, dict[str, Any]], version: str
-) -> None:
+def test_core_object_is_valid(entry: tuple[Path, int, dict[str, Any]], version: str) -> None:
     _, _, obj = entry
     try:
         k8s_schema.validate_core(obj, version)
-    except (k8s_schema.ManifestInvalid, k8s_schema.SchemaNotFound) as exc:
+    except (k8s_schema.ManifestInvalidError, k8s_schema.SchemaNotFoundError) as exc:
         pytest.fail(str(exc))
 
 
@@ -215,7 +197,7 @@ def test_custom_resource_is_valid(entry: tuple[Path, int, dict[str, Any]]) -> No
     _, _, obj = entry
     try:
         k8s_schema.validate_custom_resource(obj)
-    except (k8s_schema.ManifestInvalid, k8s_schema.SchemaNotFound) as exc:
+    except (k8s_schema.ManifestInvalidError, k8s_schema.SchemaNotFoundError) as exc:
         pytest.fail(str(exc))
 
 
@@ -227,39 +209,37 @@ def _vllm_example() -> dict[str, Any]:
 def test_unknown_scaledobject_spec_field_is_rejected() -> None:
     obj = _vllm_example()
     obj["spec"]["pollingIntervall"] = 15
-    with pytest.raises(k8s_schema.ManifestInvalid, match="pollingIntervall"):
+    with pytest.raises(k8s_schema.ManifestInvalidError, match="pollingIntervall"):
         k8s_schema.validate_custom_resource(obj)
 
 
 def test_unknown_nested_scaledobject_field_is_rejected() -> None:
     obj = _vllm_example()
-    obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"][
-        "tolerence"
-    ] = "0"
-    with pytest.raises(k8s_schema.ManifestInvalid, match="tolerence"):
+    obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["tolerence"] = (
+        "0"
+    )
+    with pytest.raises(k8s_schema.ManifestInvalidError, match="tolerence"):
         k8s_schema.validate_custom_resource(obj)
 
 
 def test_unquoted_trigger_metadata_number_is_rejected() -> None:
     obj = _vllm_example()
     obj["spec"]["triggers"][0]["metadata"]["targetConcurrency"] = 16
-    with pytest.raises(k8s_schema.ManifestInvalid, match="targetConcurrency"):
+    with pytest.raises(k8s_schema.ManifestInvalidError, match="targetConcurrency"):
         k8s_schema.validate_custom_resource(obj)
 
 
 def test_custom_resource_metadata_is_checked_as_object_meta() -> None:
     obj = _vllm_example()
     obj["metadata"]["lables"] = {"a": "b"}
-    with pytest.raises(k8s_schema.ManifestInvalid, match="lables"):
+    with pytest.raises(k8s_schema.ManifestInvalidError, match="lables"):
         k8s_schema.validate_custom_resource(obj)
 
 
 def test_unknown_container_field_is_rejected() -> None:
     deployment = copy.deepcopy(_only("Deployment", _base_objects()))
-    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolice"] = (
-        "Always"
-    )
-    with pytest.raises(k8s_schema.ManifestInvalid, match="imagePullPolice"):
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolice"] = "Always"
+    with pytest.raises(k8s_schema.ManifestInvalidError, match="imagePullPolice"):
         k8s_schema.validate_core(deployment)
 
 
@@ -278,19 +258,19 @@ def test_unknown_container_field_is_rejected() -> None:
     ids=["unknown-group", "unknown-core-kind", "unknown-crd-kind", "no-apiVersion"],
 )
 def test_object_without_a_schema_fails_loudly(obj: dict[str, Any]) -> None:
-    with pytest.raises(k8s_schema.SchemaNotFound):
+    with pytest.raises(k8s_schema.SchemaNotFoundError):
         k8s_schema.validate_object(obj)
 
 
 def test_unserved_crd_version_fails_loudly() -> None:
     obj = _vllm_example()
     obj["apiVersion"] = "keda.sh/v1alpha2"
-    with pytest.raises(k8s_schema.SchemaNotFound, match="v1alpha2"):
+    with pytest.raises(k8s_schema.SchemaNotFoundError, match="v1alpha2"):
         k8s_schema.validate_custom_resource(obj)
 
 
 def test_strict_closes_objects_but_keeps_open_ones_open() -> None:
-    schema = {
+    schema: dict[str, Any] = {
         "type": "object",
         "properties": {
             "closed": {"type": "object", "properties": {"a": {"type": "string"}}},
@@ -310,9 +290,8 @@ def test_strict_closes_objects_but_keeps_open_ones_open() -> None:
         "required": ["closed"],
     }
     strict = k8s_schema.strict(schema)
-    assert (
-        schema["properties"]["closed"].get("additionalProperties") is None
-    )  # input untouched
+    # The input is left untouched.
+    assert "additionalProperties" not in schema["properties"]["closed"]
     assert strict["additionalProperties"] is False
     assert strict["properties"]["closed"]["additionalProperties"] is False
     assert "additionalProperties" not in strict["properties"]["preserved"]
@@ -327,16 +306,16 @@ def test_strict_closes_objects_but_keeps_open_ones_open() -> None:
 
 
 def test_partial_validation_accepts_a_patch_body_but_not_unknown_fields() -> None:
-    patch = {
+    patch: dict[str, Any] = {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
         "spec": {"maxReplicaCount": 3},
     }
     k8s_schema.validate_custom_resource(patch, partial=True)
-    with pytest.raises(k8s_schema.ManifestInvalid, match="required"):
+    with pytest.raises(k8s_schema.ManifestInvalidError, match="required"):
         k8s_schema.validate_custom_resource(patch)
     patch["spec"]["maxReplicaCounts"] = 3
-    with pytest.raises(k8s_schema.ManifestInvalid, match="maxReplicaCounts"):
+    with pytest.raises(k8s_schema.ManifestInvalidError, match="maxReplicaCounts"):
         k8s_schema.validate_custom_resource(patch, partial=True)
 
 
@@ -356,20 +335,14 @@ def test_deployment_is_hardened_and_probed_over_grpc() -> None:
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= template["metadata"]["labels"].items()
 
-    assert (
-        pod["serviceAccountName"]
-        == _only("ServiceAccount", _base_objects())["metadata"]["name"]
-    )
+    assert pod["serviceAccountName"] == _only("ServiceAccount", _base_objects())["metadata"]["name"]
     assert pod["automountServiceAccountToken"] is True
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 65532
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     [spread] = pod["topologySpreadConstraints"]
     assert spread["topologyKey"] == "kubernetes.io/hostname"
-    assert (
-        spread["labelSelector"]["matchLabels"].items()
-        <= template["metadata"]["labels"].items()
-    )
+    assert spread["labelSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
 
     container = _scaler_container()
     args = container["args"]
@@ -381,14 +354,9 @@ def test_deployment_is_hardened_and_probed_over_grpc() -> None:
 
     for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = container[probe_name]
-        assert set(probe) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, (
-            probe_name
-        )
+        assert set(probe) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, probe_name
         assert probe["grpc"]["port"] == 6000, probe_name
-    assert (
-        container["readinessProbe"]["grpc"]["service"]
-        == "externalscaler.ExternalScaler"
-    )
+    assert container["readinessProbe"]["grpc"]["service"] == "externalscaler.ExternalScaler"
     assert container["livenessProbe"]["grpc"].get("service", "") == ""
 
     security = container["securityContext"]
@@ -403,12 +371,9 @@ def test_deployment_is_hardened_and_probed_over_grpc() -> None:
 
     # The config: a whole-directory ConfigMap mount (subPath mounts never see updates).
     config_path = PurePosixPath(_arg(args, "--config"))
-    [mount] = [
-        m
-        for m in container["volumeMounts"]
-        if m["mountPath"] == str(config_path.parent)
-    ]
-    assert "subPath" not in mount and "subPathExpr" not in mount
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(config_path.parent)]
+    assert "subPath" not in mount
+    assert "subPathExpr" not in mount
     assert mount["readOnly"] is True
     [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     configmap = _only("ConfigMap", _base_objects())
@@ -419,14 +384,13 @@ def test_deployment_is_hardened_and_probed_over_grpc() -> None:
 
 def test_service_is_headless_and_selects_the_scaler_pods() -> None:
     service = _only("Service", _base_objects())
-    pod_labels = _only("Deployment", _base_objects())["spec"]["template"]["metadata"][
-        "labels"
-    ]
+    pod_labels = _only("Deployment", _base_objects())["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"].items() <= pod_labels.items()
     ports = {p["name"]: p for p in service["spec"]["ports"]}
     assert set(ports) == {"grpc", "metrics"}
-    assert ports["grpc"]["port"] == 6000 and ports["grpc"]["appProtocol"] == "grpc"
+    assert ports["grpc"]["port"] == 6000
+    assert ports["grpc"]["appProtocol"] == "grpc"
     assert ports["metrics"]["port"] == 9090
     container_ports = {p["name"] for p in _scaler_container()["ports"]}
     for port in ports.values():
@@ -461,7 +425,8 @@ def test_rbac_is_least_privilege() -> None:
         }
     ]
     kinds = [obj["kind"] for _, _, obj in OBJECTS]
-    assert "Role" not in kinds and "RoleBinding" not in kinds
+    assert "Role" not in kinds
+    assert "RoleBinding" not in kinds
 
 
 def test_configmap_config_parses_with_defaults_profiles_and_server() -> None:

@@ -1,0 +1,65 @@
+"""Shared fixtures: a real scaler server on a loopback port and a KEDA-like client for it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import pytest
+
+from scaler.config import Config, ServerSettings
+from scaler.config_watch import ConfigStore
+from scaler.kedaclient import KedaLikeClient, scaled_object
+from scaler.server import ScalerServer
+
+FAST = ServerSettings(
+    evaluation_interval_s=0.05,
+    workload_idle_timeout_s=60.0,
+    stale_target_s=600.0,
+    first_decision_timeout_s=5.0,
+)
+
+
+def synthetic(**overrides: str) -> dict[str, str]:
+    """Trigger metadata for a synthetic workload (every value a string, as KEDA sends them)."""
+    base = {
+        "scalerAddress": "127.0.0.1:6000",
+        "backend": "synthetic",
+        "syntheticPattern": "constant",
+        "syntheticPeakRps": "6",
+        "syntheticServiceSeconds": "2",
+        "targetConcurrency": "8",
+    }
+    base.update(overrides)
+    return base
+
+
+ServerFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def start_server() -> AsyncIterator[ServerFactory]:
+    """Start real servers on 127.0.0.1:0; all are stopped at the end of the test."""
+    servers: list[ScalerServer] = []
+    clients: list[KedaLikeClient] = []
+
+    async def start(
+        config: Config | None = None, **kwargs: Any
+    ) -> tuple[ScalerServer, KedaLikeClient]:
+        store = kwargs.pop("store", None) or ConfigStore(config or Config(server=FAST))
+        server = ScalerServer(store, "127.0.0.1:0", **kwargs)
+        await server.start()
+        servers.append(server)
+        client = KedaLikeClient(f"127.0.0.1:{server.port}")
+        clients.append(client)
+        return server, client
+
+    yield start
+    for client in clients:
+        await client.close()
+    for server in servers:
+        await server.stop()
+
+
+def ref(name: str, metadata: Mapping[str, str], namespace: str = "team-a") -> Any:
+    return scaled_object(namespace, name, metadata)

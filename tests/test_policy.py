@@ -1,0 +1,400 @@
+"""decide() and hold(): explicit times, hand-built signals, whole outcomes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scaler.config import Config
+from scaler.policy import Decision, PolicyState, Reason, decide, hold
+from scaler.signals import Signal
+from scaler.trigger import parse_trigger
+from scaler.workload import WorkloadSpec, resolve
+
+STALE = 600.0
+T0 = 1_700_000_000.0
+
+
+def make_spec(name: str = "llama", **tuning: object) -> WorkloadSpec:
+    metadata = {
+        "backend": "synthetic",
+        "targetConcurrency": "8",
+        "minReplicas": "0",
+        "maxReplicas": "100",
+        "scaleDownStabilizationSeconds": "300",
+        "scaleToZeroIdleSeconds": "600",
+    }
+    metadata.update({key: str(value) for key, value in tuning.items()})
+    return resolve(parse_trigger("team-a", name, metadata), Config())
+
+
+def sig(
+    at: float, running: float | None, waiting: float | None = 0.0, arrival: float | None = None
+) -> Signal:
+    return Signal(at=at, source="test", waiting=waiting, running=running, arrival_rate=arrival)
+
+
+def outcome(decision: Decision | None) -> tuple[int, bool, Reason] | None:
+    return None if decision is None else (decision.replicas, decision.active, decision.reason)
+
+
+class Driver:
+    """Feeds decide() a sequence of ticks, carrying the state like the engine does."""
+
+    def __init__(self, spec: WorkloadSpec, state: PolicyState | None = None) -> None:
+        self.spec = spec
+        self.state = state or PolicyState()
+
+    def tick(
+        self,
+        at: float,
+        in_flight: float | None,
+        arrival: float | None = None,
+        faults: tuple[str, ...] = (),
+    ) -> Decision | None:
+        signal = None if in_flight is None else sig(at, in_flight, 0.0, arrival)
+        decision, self.state = decide(self.spec, signal, self.state, at, STALE, faults)
+        return decision
+
+    def outcome(self, at: float, in_flight: float | None, arrival: float | None = None) -> object:
+        return outcome(self.tick(at, in_flight, arrival))
+
+
+# --- current need -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("running", "waiting", "target", "replicas"),
+    [
+        (10.0, 7.0, 8, 3),  # 17 / 8 -> 2.125 -> 3
+        (10.0, 6.0, 8, 2),  # exactly 16 / 8 -> 2, not 3
+        (24.0, 0.0, 8, 3),
+        (0.0, 24.0, 8, 3),  # waiting counts like running
+        (8.0, 0.0, 8, 1),
+        (8.01, 0.0, 8, 2),
+        (0.1, 0.2, 0.1, 3),  # 0.30000000000000004 / 0.1 must not become 4
+        (7.0, 0.0, 0.7, 10),  # 7 / 0.7 = 10.000000000000002
+        (3.0, 0.0, 2.5, 2),
+    ],
+)
+def test_need_is_in_flight_over_target_rounded_up(
+    running: float, waiting: float, target: float, replicas: int
+) -> None:
+    spec = make_spec(targetConcurrency=target)
+    decision, _ = decide(spec, sig(T0, running, waiting), PolicyState(), T0, STALE)
+    assert outcome(decision) == (replicas, True, Reason.CURRENT_NEED)
+    assert decision is not None
+    assert decision.need == pytest.approx((running + waiting) / target)
+    assert decision.in_flight == pytest.approx(running + waiting)
+    assert decision.workload == "team-a/llama"
+    assert decision.metric_name == "synthetic-llama"
+    assert decision.at == T0
+    assert decision.faults == ()
+
+
+def test_running_or_waiting_alone_is_enough() -> None:
+    spec = make_spec()
+    only_waiting = Signal(at=T0, source="t", waiting=17.0)
+    only_running = Signal(at=T0, source="t", running=17.0)
+    for signal in (only_waiting, only_running):
+        decision, _ = decide(spec, signal, PolicyState(), T0, STALE)
+        assert outcome(decision) == (3, True, Reason.CURRENT_NEED)
+
+
+def test_rises_immediately() -> None:
+    drive = Driver(make_spec())
+    assert drive.outcome(T0, 8.0) == (1, True, Reason.CURRENT_NEED)
+    assert drive.outcome(T0 + 5, 40.0) == (5, True, Reason.CURRENT_NEED)
+    assert drive.outcome(T0 + 10, 800.0) == (100, True, Reason.CURRENT_NEED)
+
+
+def test_falls_only_after_the_stabilization_window() -> None:
+    drive = Driver(make_spec(scaleDownStabilizationSeconds=300))
+    assert drive.outcome(T0, 40.0) == (5, True, Reason.CURRENT_NEED)
+    assert drive.outcome(T0 + 100, 24.0) == (5, True, Reason.STABILIZATION)
+    held = drive.tick(T0 + 200, 8.0)
+    assert outcome(held) == (5, True, Reason.STABILIZATION)
+    assert held is not None
+    assert "held at 5" in held.detail
+    # The 5 from T0 has left the window: hold the highest still in it (3 from T0+100), not 1.
+    assert drive.outcome(T0 + 300, 8.0) == (3, True, Reason.STABILIZATION)
+    # Now only 1s remain in the window.
+    assert drive.outcome(T0 + 400, 8.0) == (1, True, Reason.CURRENT_NEED)
+
+
+def test_zero_stabilization_falls_at_once() -> None:
+    drive = Driver(make_spec(scaleDownStabilizationSeconds=0))
+    assert drive.outcome(T0, 40.0) == (5, True, Reason.CURRENT_NEED)
+    assert drive.outcome(T0 + 1, 8.0) == (1, True, Reason.CURRENT_NEED)
+
+
+def test_a_rise_inside_the_window_is_current_need() -> None:
+    drive = Driver(make_spec())
+    drive.tick(T0, 40.0)
+    drive.tick(T0 + 10, 8.0)
+    assert drive.outcome(T0 + 20, 48.0) == (6, True, Reason.CURRENT_NEED)
+
+
+# --- active floor and scale to zero -------------------------------------------------------------
+
+
+def test_tiny_load_keeps_one_replica_active() -> None:
+    decision, _ = decide(make_spec(), sig(T0, 0.1), PolicyState(), T0, STALE)
+    assert outcome(decision) == (1, True, Reason.CURRENT_NEED)  # ceil(0.0125) is already 1
+    floor, _ = decide(make_spec(), sig(T0, 1e-12, 0.0, 0.0), PolicyState(), T0, STALE)
+    assert outcome(floor) == (1, True, Reason.ACTIVE_FLOOR)  # need rounds to 0, still active
+
+
+def test_scale_to_zero_only_after_the_idle_window() -> None:
+    drive = Driver(make_spec(scaleDownStabilizationSeconds=0, scaleToZeroIdleSeconds=600))
+    assert drive.outcome(T0, 8.0, arrival=1.0) == (1, True, Reason.CURRENT_NEED)
+    assert drive.outcome(T0 + 10, 0.0, arrival=0.0) == (1, True, Reason.ACTIVE_FLOOR)
+    assert drive.outcome(T0 + 599, 0.0, arrival=0.0) == (1, True, Reason.ACTIVE_FLOOR)
+    assert drive.outcome(T0 + 600, 0.0, arrival=0.0) == (0, False, Reason.SCALE_TO_ZERO)
+    assert drive.outcome(T0 + 900, 0.0) == (0, False, Reason.SCALE_TO_ZERO)
+    # Any load wakes it at once.
+    assert drive.outcome(T0 + 905, 0.5) == (1, True, Reason.CURRENT_NEED)
+
+
+def test_idle_window_restarts_with_each_busy_tick() -> None:
+    drive = Driver(make_spec(scaleDownStabilizationSeconds=0, scaleToZeroIdleSeconds=600))
+    drive.tick(T0, 8.0)
+    drive.tick(T0 + 500, 0.0, arrival=0.2)  # a trickle of arrivals, nothing in flight
+    assert drive.outcome(T0 + 700, 0.0, arrival=0.0) == (1, True, Reason.ACTIVE_FLOOR)
+    assert drive.outcome(T0 + 1100, 0.0, arrival=0.0) == (0, False, Reason.SCALE_TO_ZERO)
+
+
+def test_arrivals_with_nothing_in_flight_stay_active() -> None:
+    drive = Driver(make_spec(scaleDownStabilizationSeconds=0, scaleToZeroIdleSeconds=60))
+    for at in range(0, 2000, 30):
+        assert drive.outcome(T0 + at, 0.0, arrival=0.5) == (1, True, Reason.ACTIVE_FLOOR)
+
+
+def test_fresh_state_with_no_load_waits_the_idle_window_from_the_first_tick() -> None:
+    drive = Driver(make_spec(scaleToZeroIdleSeconds=600))
+    assert drive.outcome(T0, 0.0, arrival=0.0) == (1, True, Reason.ACTIVE_FLOOR)
+    assert drive.outcome(T0 + 599.9, 0.0, arrival=0.0) == (1, True, Reason.ACTIVE_FLOOR)
+    assert drive.outcome(T0 + 600, 0.0, arrival=0.0) == (0, False, Reason.SCALE_TO_ZERO)
+
+
+def test_zero_idle_window_scales_to_zero_on_the_first_idle_tick() -> None:
+    drive = Driver(make_spec(scaleToZeroIdleSeconds=0))
+    assert drive.outcome(T0, 0.0, arrival=0.0) == (0, False, Reason.SCALE_TO_ZERO)
+
+
+# --- bounds -----------------------------------------------------------------------------------
+
+
+def test_min_replicas_floor() -> None:
+    decision, _ = decide(make_spec(minReplicas=3), sig(T0, 8.0), PolicyState(), T0, STALE)
+    assert outcome(decision) == (3, True, Reason.MIN_BOUND)
+
+
+def test_min_replicas_floor_when_idle() -> None:
+    drive = Driver(make_spec(minReplicas=2, scaleToZeroIdleSeconds=60))
+    for at in (T0, T0 + 120):  # before and after the idle window
+        decision = drive.tick(at, 0.0, arrival=0.0)
+        assert decision is not None
+        assert (decision.replicas, decision.reason) == (2, Reason.MIN_BOUND)
+
+
+def test_min_replicas_above_zero_keeps_the_workload_active() -> None:
+    # minReplicas is documented as "0 allows scale to zero": with minReplicas 2 an idle workload
+    # must not report IsActive false, or KEDA scales it to its own minReplicaCount (often 0).
+    drive = Driver(make_spec(minReplicas=2, scaleToZeroIdleSeconds=60))
+    drive.tick(T0, 0.0, arrival=0.0)
+    assert drive.outcome(T0 + 120, 0.0, arrival=0.0) == (2, True, Reason.MIN_BOUND)
+
+
+def test_max_replicas_cap() -> None:
+    decision, _ = decide(make_spec(maxReplicas=4), sig(T0, 100.0), PolicyState(), T0, STALE)
+    assert outcome(decision) == (4, True, Reason.MAX_BOUND)
+    assert decision is not None
+    assert decision.need == 12.5
+
+
+def test_max_replicas_cap_applies_to_a_stabilized_value() -> None:
+    drive = Driver(make_spec(maxReplicas=4))
+    drive.tick(T0, 100.0)
+    assert drive.outcome(T0 + 10, 8.0) == (4, True, Reason.MAX_BOUND)
+
+
+# --- fail static ------------------------------------------------------------------------------
+
+MISSING = [
+    pytest.param(None, (), ("no in-flight signal",), id="no-signal"),
+    pytest.param(None, ("prometheus: timeout",), ("prometheus: timeout",), id="no-signal-fault"),
+    pytest.param(
+        Signal(
+            at=T0, source="test", arrival_rate=3.0, reasons=("vllm:num_requests_running missing",)
+        ),
+        (),
+        ("vllm:num_requests_running missing",),
+        id="signal-without-in-flight",
+    ),
+    pytest.param(
+        Signal(at=T0, source="test", reasons=("no series",)),
+        ("scrape failed",),
+        ("scrape failed", "no series"),
+        id="both-faults",
+    ),
+]
+
+
+@pytest.mark.parametrize(("missing", "faults", "listed"), MISSING)
+def test_missing_signal_holds_the_last_good_decision(
+    missing: Signal | None, faults: tuple[str, ...], listed: tuple[str, ...]
+) -> None:
+    spec = make_spec(scaleDownStabilizationSeconds=0, scaleToZeroIdleSeconds=0)
+    good, state = decide(spec, sig(T0, 24.0), PolicyState(), T0, STALE)
+    assert outcome(good) == (3, True, Reason.CURRENT_NEED)
+    for delay in (1.0, 300.0, STALE):
+        held, after = decide(spec, missing, state, T0 + delay, STALE, faults)
+        assert after is state
+        assert outcome(held) == (3, True, Reason.HOLD)
+        assert held is not None
+        assert held.at == T0 + delay
+        assert held.faults == listed
+        assert held.need == good.need  # type: ignore[union-attr]
+    late, after = decide(spec, missing, state, T0 + STALE + 0.001, STALE, faults)
+    assert late is None
+    assert after is state
+
+
+def test_hold_never_refreshes_the_staleness_clock() -> None:
+    drive = Driver(make_spec())
+    drive.tick(T0, 24.0)
+    state = drive.state
+    assert outcome(drive.tick(T0 + 300, None)) == (3, True, Reason.HOLD)
+    assert drive.state is state
+    assert outcome(drive.tick(T0 + STALE, None)) == (3, True, Reason.HOLD)
+    assert drive.tick(T0 + STALE + 1, None) is None
+    # A good signal decides again; the old 3 has left the stabilization window.
+    assert drive.outcome(T0 + STALE + 2, 8.0) == (1, True, Reason.CURRENT_NEED)
+
+
+def test_hold_keeps_a_scaled_to_zero_decision_inactive() -> None:
+    drive = Driver(make_spec(scaleToZeroIdleSeconds=0))
+    assert drive.outcome(T0, 0.0, arrival=0.0) == (0, False, Reason.SCALE_TO_ZERO)
+    assert drive.outcome(T0 + 10, None) == (0, False, Reason.HOLD)
+
+
+def test_no_prior_good_decision_means_no_decision() -> None:
+    state = PolicyState()
+    decision, after = decide(make_spec(), None, state, T0, STALE)
+    assert decision is None
+    assert after is state
+    assert hold(state, T0, STALE, ("x",)) is None
+    empty = Signal(at=T0, source="test")
+    assert empty.in_flight is None
+    assert decide(make_spec(), empty, state, T0, STALE) == (None, state)
+
+
+# --- decision ids -----------------------------------------------------------------------------
+
+
+def test_decision_id_is_stable_per_workload_and_tick() -> None:
+    spec = make_spec()
+    first, _ = decide(spec, sig(T0, 8.0), PolicyState(), T0, STALE)
+    again, _ = decide(make_spec(), sig(T0, 30.0), PolicyState(), T0, STALE)
+    later, _ = decide(spec, sig(T0 + 5, 8.0), PolicyState(), T0 + 5, STALE)
+    other, _ = decide(make_spec(name="other"), sig(T0, 8.0), PolicyState(), T0, STALE)
+    assert first is not None
+    assert again is not None
+    assert later is not None
+    assert other is not None
+    assert first.decision_id == again.decision_id
+    assert len(first.decision_id) == 16
+    assert later.decision_id != first.decision_id
+    assert other.decision_id != first.decision_id
+
+
+# --- properties -------------------------------------------------------------------------------
+
+BOUNDS = st.integers(0, 20).flatmap(lambda lo: st.tuples(st.just(lo), st.integers(max(lo, 1), 40)))
+TARGETS = st.sampled_from((0.1, 0.5, 1.0, 2.5, 8.0, 16.0))
+LOAD = st.floats(0, 500, allow_nan=False)
+STEPS = st.lists(
+    st.tuples(LOAD, st.floats(0, 50, allow_nan=False), st.floats(0.5, 400, allow_nan=False)),
+    max_size=25,
+)
+
+
+def spec_for(bounds: tuple[int, int], target: float, stab: float, idle: float) -> WorkloadSpec:
+    lo, hi = bounds
+    return make_spec(
+        minReplicas=lo,
+        maxReplicas=hi,
+        targetConcurrency=target,
+        scaleDownStabilizationSeconds=stab,
+        scaleToZeroIdleSeconds=idle,
+    )
+
+
+@settings(
+    max_examples=500,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(BOUNDS, TARGETS, st.sampled_from((0, 30, 300)), st.sampled_from((0, 60, 600)), STEPS)
+def test_replicas_always_within_bounds(
+    bounds: tuple[int, int],
+    target: float,
+    stab: float,
+    idle: float,
+    steps: list[tuple[float, float, float]],
+) -> None:
+    spec = spec_for(bounds, target, stab, idle)
+    state, at = PolicyState(), T0
+    for in_flight, arrival, dt in steps:
+        at += dt
+        decision, state = decide(spec, sig(at, in_flight, 0.0, arrival), state, at, STALE)
+        assert decision is not None
+        assert type(decision.replicas) is int
+        assert bounds[0] <= decision.replicas <= bounds[1]
+        assert decision.replicas >= 0
+        assert decision.active or decision.replicas == bounds[0]
+
+
+@settings(
+    max_examples=500,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    BOUNDS,
+    TARGETS,
+    st.sampled_from((0, 30, 300)),
+    st.sampled_from((0, 60, 600)),
+    STEPS,
+    st.floats(0.5, 400, allow_nan=False),
+    LOAD,
+    LOAD,
+    st.floats(0, 50, allow_nan=False),
+)
+def test_more_in_flight_never_gives_fewer_replicas(
+    bounds: tuple[int, int],
+    target: float,
+    stab: float,
+    idle: float,
+    steps: list[tuple[float, float, float]],
+    dt: float,
+    load_a: float,
+    load_b: float,
+    arrival: float,
+) -> None:
+    spec = spec_for(bounds, target, stab, idle)
+    state, at = PolicyState(), T0
+    for in_flight, rate, step in steps:
+        at += step
+        _, state = decide(spec, sig(at, in_flight, 0.0, rate), state, at, STALE)
+    at += dt
+    low, high = sorted((load_a, load_b))
+    fewer, _ = decide(spec, sig(at, low, 0.0, arrival), state, at, STALE)
+    more, _ = decide(spec, sig(at, high, 0.0, arrival), state, at, STALE)
+    assert fewer is not None
+    assert more is not None
+    assert fewer.replicas <= more.replicas

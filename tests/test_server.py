@@ -1,0 +1,393 @@
+"""The KEDA external-scaler surface over real gRPC on loopback, called as KEDA calls it."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from scaler._proto import externalscaler_pb2 as pb
+from scaler.config import Config, ServerSettings
+from scaler.config_watch import ConfigStore
+from scaler.engine import Engine
+from scaler.signals import Signal
+from scaler.sources import SourceError
+from scaler.workload import WorkloadSpec
+from tests.conftest import FAST, ref, synthetic
+
+
+def constant_replicas(peak: float, service: float, target: float) -> int:
+    """The documented synthetic shape at a constant rate: in flight = 1.25 x rate x service."""
+    return math.ceil(1.25 * peak * service / target - 1e-9)
+
+
+async def expect_error(call: object, code: grpc.StatusCode) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call  # type: ignore[misc]
+    assert info.value.code() == code, info.value.details()
+    return info.value.details() or ""
+
+
+async def test_every_unary_rpc_returns_the_replica_target(start_server):
+    _, client = await start_server()
+    so = ref("llama", synthetic(syntheticPeakRps="6"))
+
+    spec = await client.stub.GetMetricSpec(so)
+    assert [(s.metricName, s.targetSize, s.targetSizeFloat) for s in spec.metricSpecs] == [
+        ("synthetic-llama", 1, 1.0)
+    ]
+    metrics = await client.stub.GetMetrics(
+        pb.GetMetricsRequest(scaledObjectRef=so, metricName="synthetic-llama")
+    )
+    expected = constant_replicas(6, 2, 8)
+    assert expected == 2
+    assert [(m.metricName, m.metricValue, m.metricValueFloat) for m in metrics.metricValues] == [
+        ("synthetic-llama", expected, float(expected))
+    ]
+    assert (await client.stub.IsActive(so)).result is True
+
+
+async def test_idle_workload_is_inactive_and_targets_zero(start_server):
+    _, client = await start_server()
+    evaluation = await client.evaluate(ref("idle", synthetic(syntheticPattern="zero")))
+    # Warm start replays the idle history, so a workload idle for longer than the window is
+    # inactive from the first answer (and a restarted scaler agrees with a running one).
+    assert (evaluation.value, evaluation.active) == (0.0, False)
+
+
+async def test_metric_name_accepted_with_and_without_keda_prefix(start_server):
+    _, client = await start_server()
+    so = ref("llama", synthetic(model="meta-llama/Llama-3.1-8B"))
+    name = (await client.stub.GetMetricSpec(so)).metricSpecs[0].metricName
+    assert name == "synthetic-meta-llama-llama-3-1-8b"
+    for asked in (name, f"s0-{name}", f"s3-{name}"):
+        reply = await client.stub.GetMetrics(
+            pb.GetMetricsRequest(scaledObjectRef=so, metricName=asked)
+        )
+        assert reply.metricValues[0].metricName == name
+
+
+async def test_unknown_metric_name_is_not_found(start_server):
+    _, client = await start_server()
+    so = ref("llama", synthetic())
+    details = await expect_error(
+        client.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=so, metricName="s0-other")),
+        grpc.StatusCode.NOT_FOUND,
+    )
+    assert "'s0-other'" in details and "synthetic-llama" in details
+
+
+BAD_METADATA = [
+    ({"backend": None}, "backend"),
+    ({"backend": "sglang"}, "backend"),
+    ({"targetConcurrency": "0"}, "targetConcurrency"),
+    ({"targetConcurrency": "lots"}, "targetConcurrency"),
+    ({"maxReplicas": "-1"}, "maxReplicas"),
+    ({"minReplicas": "5", "maxReplicas": "2"}, "minReplicas"),
+    ({"minReplicas": "1.5"}, "minReplicas"),
+    ({"coldStartSeconds": "NaN"}, "coldStartSeconds"),
+    ({"pollingIntervalSeconds": "0"}, "pollingIntervalSeconds"),
+    ({"horizonSeconds": "1e9"}, "horizonSeconds"),
+    ({"serverAddress": "prometheus:9090"}, "serverAddress"),
+    ({"scrapeTargets": "10.0.0.1"}, "scrapeTargets"),
+    ({"labelSelector": 'pod=~"("'}, "labelSelector"),
+    ({"profile": "Not_A_Name!"}, "profile"),
+    ({"targetConcurency": "8"}, "targetConcurency"),
+    ({"syntheticPattern": "square"}, "syntheticPattern"),
+]
+
+
+@pytest.mark.parametrize(("change", "key"), BAD_METADATA)
+async def test_bad_metadata_is_invalid_argument_naming_the_key(start_server, change, key):
+    _, client = await start_server()
+    metadata = synthetic()
+    for k, v in change.items():
+        if v is None:
+            metadata.pop(k)
+        else:
+            metadata[k] = v
+    so = ref("bad", metadata)
+    calls = [
+        client.stub.GetMetricSpec(so),
+        client.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=so, metricName="x")),
+        client.stub.IsActive(so),
+    ]
+    for call in calls:
+        details = await expect_error(call, grpc.StatusCode.INVALID_ARGUMENT)
+        assert f"{key}:" in details and "team-a/bad" in details
+    for stream in (client.stub.StreamIsActive(so), client.stub.StreamMetricSpec(so)):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stream.read()
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"{key}:" in (info.value.details() or "")
+
+
+async def test_error_lists_every_accepted_value(start_server):
+    _, client = await start_server()
+    details = await expect_error(
+        client.stub.GetMetricSpec(ref("x", synthetic(backend="sglang"))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert "vllm | triton | custom | synthetic" in details
+
+
+async def test_unknown_profile_fails_metrics_but_not_the_spec(start_server):
+    _, client = await start_server()
+    so = ref("llama", synthetic(profile="nope"))
+    assert (await client.stub.GetMetricSpec(so)).metricSpecs[0].targetSizeFloat == 1.0
+    details = await expect_error(
+        client.stub.GetMetrics(
+            pb.GetMetricsRequest(scaledObjectRef=so, metricName="synthetic-llama")
+        ),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    assert "profile" in details and "'nope'" in details
+
+
+async def test_spec_answers_while_the_backend_is_unreachable(start_server):
+    """GetMetricSpec must not depend on the metrics backend, or KEDA's fallback never engages."""
+    _, client = await start_server()
+    so = ref("llama", {"backend": "vllm", "serverAddress": "http://127.0.0.1:9", "model": "m"})
+    spec = await client.stub.GetMetricSpec(so)
+    assert spec.metricSpecs[0].metricName == "vllm-m"
+    await expect_error(
+        client.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=so, metricName="vllm-m")),
+        grpc.StatusCode.UNAVAILABLE,
+    )
+    await expect_error(client.stub.IsActive(so), grpc.StatusCode.UNAVAILABLE)
+
+
+async def test_200_scaled_objects_polled_concurrently(start_server):
+    _, client = await start_server()
+    objects = {
+        f"model-{i}": (
+            peak := float(i % 40 + 1),
+            ref(f"model-{i}", synthetic(syntheticPeakRps=str(peak))),
+        )
+        for i in range(200)
+    }
+    for _round in range(3):
+        evaluations = await asyncio.gather(*(client.evaluate(so) for _, so in objects.values()))
+        for (name, (peak, _)), evaluation in zip(objects.items(), evaluations, strict=True):
+            assert evaluation.metric_name == f"s0-synthetic-{name}"
+            assert evaluation.value == constant_replicas(peak, 2, 8), name
+            assert evaluation.active
+
+
+async def next_message(call: object, timeout: float) -> object:
+    return await asyncio.wait_for(call.read(), timeout)  # type: ignore[attr-defined]
+
+
+async def test_stream_is_active_pushes_true_on_each_activation_and_never_false(start_server):
+    # A 1 s wave: busy for 0.5 s, then idle; idle window 0.2 s, so it turns inactive each period.
+    _, client = await start_server()
+    so = ref(
+        "wave",
+        synthetic(
+            syntheticPattern="wave",
+            syntheticPeriodSeconds="1",
+            scaleToZeroIdleSeconds="0.2",
+            scaleDownStabilizationSeconds="0",
+        ),
+    )
+    call = client.stub.StreamIsActive(so)
+    received = []
+    deadline = time.monotonic() + 3.5
+    while time.monotonic() < deadline and len(received) < 3:
+        received.append(await next_message(call, 3.0))
+    call.cancel()
+    assert len(received) == 3, "expected a push on each activation (one per 1 s period)"
+    assert all(message.result is True for message in received)
+
+
+async def test_stream_metric_spec_sends_on_open_and_stays_open(start_server):
+    _, client = await start_server()
+    call = client.stub.StreamMetricSpec(ref("llama", synthetic()))
+    first = await next_message(call, 5.0)
+    assert first.metricSpecs[0].metricName == "synthetic-llama"
+    assert first.metricSpecs[0].targetSizeFloat == 1.0
+    pending = asyncio.ensure_future(call.read())
+    done, _ = await asyncio.wait({pending}, timeout=0.5)
+    assert not done and not call.done()  # open and quiet: the spec does not change
+    call.cancel()
+    await asyncio.gather(pending, return_exceptions=True)
+
+
+def open_streams() -> float:
+    return sum(
+        REGISTRY.get_sample_value("queue_scaler_open_streams", {"method": m}) or 0.0
+        for m in ("StreamIsActive", "StreamMetricSpec")
+    )
+
+
+async def test_client_disconnecting_mid_stream_frees_the_stream(start_server):
+    server, client = await start_server()
+    before = open_streams()
+    so = ref("llama", synthetic())
+    calls = [client.stub.StreamIsActive(so), client.stub.StreamMetricSpec(so)]
+    for call in calls:
+        await next_message(call, 5.0)
+    assert open_streams() == before + 2
+    await client.channel.close()  # the whole connection goes away, as when KEDA restarts
+    for _ in range(100):
+        if open_streams() == before:
+            break
+        await asyncio.sleep(0.05)
+    assert open_streams() == before
+    fresh = type(client)(f"127.0.0.1:{server.port}")
+    try:
+        assert (await fresh.evaluate(so)).value == 2.0
+    finally:
+        await fresh.close()
+
+
+async def test_health_and_reflection(start_server):
+    server, _ = await start_server()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "externalscaler.ExternalScaler"):
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def list_services() -> list[str]:  # what `grpcurl list` asks; a blocking client, so a thread
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            return list(ProtoReflectionDescriptorDatabase(channel).get_services())
+
+    services = await asyncio.to_thread(list_services)
+    assert "externalscaler.ExternalScaler" in services
+    assert "grpc.health.v1.Health" in services
+
+
+async def test_two_replicas_started_apart_give_the_same_answers(start_server):
+    """Warm start + wall-clock ticks: a replica that starts later agrees with one that ran."""
+    settings = ServerSettings(evaluation_interval_s=0.1, first_decision_timeout_s=5.0)
+    first, client_a = await start_server(Config(server=settings))
+    metadata = synthetic(
+        syntheticPattern="sine",
+        syntheticPeriodSeconds="2",
+        syntheticPeakRps="40",
+        scaleDownStabilizationSeconds="1.5",
+    )
+    so = ref("sine", metadata)
+    await client_a.evaluate(so)
+    await asyncio.sleep(1.3)
+    second, client_b = await start_server(Config(server=settings))
+    await client_b.evaluate(so)
+    seen: dict[str, dict[float, int]] = {"a": {}, "b": {}}
+    for _ in range(60):
+        for label, server in (("a", first), ("b", second)):
+            for decision in server.engine.decisions():
+                seen[label][round(decision.at, 3)] = decision.replicas
+        await asyncio.sleep(0.05)
+    common = sorted(set(seen["a"]) & set(seen["b"]))
+    assert len(common) >= 10
+    assert {t: seen["a"][t] for t in common} == {t: seen["b"][t] for t in common}
+    assert len({seen["a"][t] for t in common}) > 1, "the load should have moved the target"
+
+
+async def test_workload_loop_stops_when_no_longer_asked_and_restarts(start_server):
+    settings = ServerSettings(
+        evaluation_interval_s=0.05, workload_idle_timeout_s=0.3, first_decision_timeout_s=5.0
+    )
+    server, client = await start_server(Config(server=settings))
+    so = ref("llama", synthetic())
+    await client.evaluate(so)
+    assert len(server.engine) == 1
+    for _ in range(60):
+        if len(server.engine) == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert len(server.engine) == 0
+    assert (await client.evaluate(so)).value == 2.0
+    assert len(server.engine) == 1
+
+
+class FlakySource:
+    """A source the test switches between answering and failing."""
+
+    def __init__(self) -> None:
+        self.in_flight: float | None = 40.0
+        self.fail = False
+
+    async def read(self, spec: WorkloadSpec, at: float) -> Signal:
+        if self.fail:
+            raise SourceError("prometheus at http://127.0.0.1:9 refused the connection")
+        return Signal(at=at, source="test", running=self.in_flight, waiting=0.0, arrival_rate=1.0)
+
+    async def history(
+        self, spec: WorkloadSpec, start: float, end: float, step: float
+    ) -> list[Signal]:
+        return []
+
+
+async def wait_for_value(client, so, expected: float, seconds: float = 3.0) -> None:
+    deadline = time.monotonic() + seconds
+    value = None
+    while time.monotonic() < deadline:
+        try:
+            value = (await client.evaluate(so)).value
+        except grpc.aio.AioRpcError as exc:  # the next tick has not run yet
+            value = exc.code()
+        if value == expected:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"target stayed {value}, expected {expected}")
+
+
+async def test_fail_static_holds_the_last_target_then_hands_over_to_keda_fallback(start_server):
+    source = FlakySource()
+    settings = ServerSettings(
+        evaluation_interval_s=0.05, stale_target_s=0.6, first_decision_timeout_s=5.0
+    )
+    store = ConfigStore(Config(server=settings))
+    server, client = await start_server(store=store, engine=Engine(store, sources=lambda _: source))
+    so = ref("llama", synthetic())
+    assert (await client.evaluate(so)).value == 5.0  # 40 in flight / 8
+    source.fail = True
+    await asyncio.sleep(0.2)
+    held = await client.evaluate(so)
+    assert (held.value, held.active) == (5.0, True)  # never lowered, still active
+    decision = next(server.engine.decisions())
+    assert decision.reason.value == "hold" and "refused" in decision.faults[0]
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        try:
+            await client.evaluate(so)
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE
+            assert "refused" in (exc.details() or "")
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the held target never expired")
+    source.fail, source.in_flight = False, 80.0
+    await wait_for_value(client, so, 10.0, seconds=1.0)  # recovers within a few ticks
+
+
+async def test_metrics_endpoint_shows_decisions(start_server):
+    server, client = await start_server(metrics_address="127.0.0.1:0")
+    await client.evaluate(ref("llama", synthetic()))
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+    }
+    labels = (("metric", "synthetic-llama"), ("namespace", "team-a"), ("scaledobject", "llama"))
+    assert samples[("queue_scaler_desired_replicas", labels)] == 2.0
+    assert samples[("queue_scaler_active", labels)] == 1.0
+    assert samples[("queue_scaler_needed_replicas", labels)] == 1.875
+    reason = tuple(sorted((*labels, ("reason", "current_need"))))
+    assert samples[("queue_scaler_decision_reason", reason)] == 1.0
+    assert samples[("queue_scaler_rpcs_total", (("code", "OK"), ("method", "GetMetrics")))] >= 1
