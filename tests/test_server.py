@@ -23,7 +23,7 @@ from scaler.engine import Engine
 from scaler.signals import Signal
 from scaler.sources import SourceError
 from scaler.workload import WorkloadSpec
-from tests.conftest import FAST, ref, synthetic
+from tests.conftest import ref, synthetic
 
 
 def constant_replicas(peak: float, service: float, target: float) -> int:
