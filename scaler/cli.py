@@ -25,9 +25,15 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     store = ConfigStore(config, args.config)
     metrics = None if args.metrics_address == "off" else args.metrics_address
+
+    async def run() -> int:  # the gRPC server must be created inside the running loop
+        server = ScalerServer(
+            store, args.address, metrics_address=metrics, drain_s=args.drain_seconds
+        )
+        return await serve(server)
+
     try:
-        server = ScalerServer(store, args.address, metrics_address=metrics)
-        return asyncio.run(serve(server))
+        return asyncio.run(run())
     except (ValueError, OSError) as exc:
         print(f"scaler serve: {exc}", file=sys.stderr)
         return 2
@@ -70,6 +76,13 @@ def parser() -> argparse.ArgumentParser:
         help="Prometheus /metrics HOST:PORT, or 'off' (default %(default)s)",
     )
     serve.add_argument("--config", help="tuning YAML (the mounted ConfigMap); reloaded on change")
+    serve.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=3.0,
+        help="on SIGTERM, keep answering (health NOT_SERVING) this long before stopping "
+        "(default %(default)s)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", default="json", choices=["json", "text"])
     serve.set_defaults(run=_serve)

@@ -1,8 +1,10 @@
 """Assemble and run the gRPC server: scaler service, health, reflection, /metrics, reload, signals.
 
-Shutdown on SIGTERM/SIGINT, in this order: health turns NOT_SERVING (Kubernetes stops routing new
-connections), open streams end with OK (KEDA reconnects to another replica), in-flight unary calls
-finish within the grace period, the per-workload loops stop, and the process exits 0.
+Shutdown on SIGTERM/SIGINT, in this order: health turns NOT_SERVING and the server keeps answering
+for `--drain-seconds` (while Kubernetes removes the pod from the Service and KEDA's resolver moves
+to the other replica), open streams end with OK (KEDA reconnects elsewhere), in-flight unary calls
+finish within the grace period, the per-workload loops stop, and the process exits 0. Calls that
+arrive after the drain are refused by gRPC (UNAVAILABLE or CANCELLED) and KEDA retries them.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class ScalerServer:
         registry: CollectorRegistry | None = None,
         grace_s: float = 10.0,
         config_poll_s: float = CONFIG_POLL_S,
+        drain_s: float = 0.0,
     ) -> None:
         self.store = store
         self.engine = engine if engine is not None else Engine(store)
@@ -62,11 +65,13 @@ class ScalerServer:
         self.registry = registry if registry is not None else REGISTRY
         self.grace_s = grace_s
         self.config_poll_s = config_poll_s
+        self.drain_s = drain_s
         self._collector: DecisionCollector | None = None
         self.port = 0
         self.metrics_port = 0
         self._shutdown = asyncio.Event()
         self._stopped = asyncio.Event()
+        self._stopping = False
         self._server = grpc.aio.server()
         self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
@@ -104,11 +109,14 @@ class ScalerServer:
         )
 
     async def stop(self) -> None:
-        if self._shutdown.is_set():
+        if self._stopping:
             await self._stopped.wait()
             return
-        self._shutdown.set()
+        self._stopping = True
         await self._health.enter_graceful_shutdown()
+        if self.drain_s > 0:  # keep answering while endpoints and KEDA's resolver move away
+            await asyncio.sleep(self.drain_s)
+        self._shutdown.set()
         self.engine.release_watchers()
         await self._server.stop(self.grace_s)
         await self.engine.close()
