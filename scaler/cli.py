@@ -1,4 +1,4 @@
-"""`scaler` command line: serve, check-config, demo."""
+"""`scaler` command line: serve, check-config, demo, reference."""
 
 from __future__ import annotations
 
@@ -62,6 +62,13 @@ def _demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(args.duration, args.poll_interval))
 
 
+def _reference(args: argparse.Namespace) -> int:
+    from scaler.reference import markdown
+
+    print(markdown())
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="scaler", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
@@ -101,6 +108,8 @@ def parser() -> argparse.ArgumentParser:
         "--poll-interval", type=float, default=3.0, help="seconds (default %(default)s)"
     )
     demo.set_defaults(run=_demo)
+    ref = sub.add_parser("reference", help="print the settings reference (Markdown)")
+    ref.set_defaults(run=_reference)
     return top
 
 
