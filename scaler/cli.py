@@ -103,7 +103,7 @@ def parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="serve on loopback and poll synthetic ScaledObjects like KEDA"
     )
-    demo.add_argument("--duration", type=float, default=45.0, help="seconds (default %(default)s)")
+    demo.add_argument("--duration", type=float, default=60.0, help="seconds (default %(default)s)")
     demo.add_argument(
         "--poll-interval", type=float, default=3.0, help="seconds (default %(default)s)"
     )

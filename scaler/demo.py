@@ -32,7 +32,7 @@ COMMON = {
 }
 
 
-async def run_demo(duration_s: float = 45.0, poll_s: float = 3.0) -> int:
+async def run_demo(duration_s: float = 60.0, poll_s: float = 3.0) -> int:
     from scaler.config import Config, ServerSettings
 
     store = ConfigStore(Config(server=ServerSettings(evaluation_interval_s=1.0)))
