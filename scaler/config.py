@@ -89,7 +89,13 @@ def _mapping_no_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dic
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
-        if key in seen:
+        try:
+            duplicate = key in seen
+        except TypeError:  # a list or mapping used as a key: no setting is named like that
+            raise yaml.constructor.ConstructorError(
+                None, None, f"unsupported key {key!r}", key_node.start_mark
+            ) from None
+        if duplicate:
             line = key_node.start_mark.line + 1
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (line {line})", key_node.start_mark
@@ -169,6 +175,12 @@ def load_config_text(text: str | bytes, source: str = "<text>") -> Config:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "<root>"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(source, [FieldError(where, f"not valid YAML: {problem}")]) from None
+    except (ValueError, TypeError, OverflowError) as exc:  # e.g. a timestamp like 2026-13-45
+        raise ConfigError(source, [FieldError("<root>", f"not valid YAML: {exc}")]) from None
+    except RecursionError:
+        raise ConfigError(
+            source, [FieldError("<root>", "not valid YAML: nested too deeply")]
+        ) from None
     return parse_document(doc, source, digest)
 
 

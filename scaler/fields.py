@@ -52,7 +52,7 @@ class Field:
             return self.parse(raw)
         except FieldError:
             raise
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
             shown = raw if not isinstance(raw, str) or len(raw) <= 80 else raw[:77] + "..."
             detail = f" ({exc})" if str(exc) else ""
             raise FieldError(
@@ -72,7 +72,13 @@ def _text(raw: object) -> str:
 def _number(raw: object) -> float:
     if isinstance(raw, bool):
         raise TypeError("")
-    value = float(raw) if isinstance(raw, (int, float)) else float(_text(raw))
+    if isinstance(raw, (int, float)):
+        value = float(raw)
+    else:
+        text = _text(raw)
+        if not text.isascii():  # float() accepts other scripts' digits; a setting should not
+            raise ValueError("")
+        value = float(text)
     if not math.isfinite(value):
         raise ValueError("")
     return value
@@ -125,13 +131,18 @@ def http_url(raw: object) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise ValueError("")
-    _ = parts.port  # raises ValueError on a bad port
+    if parts.port == 0:  # parts.port raises ValueError on a non-numeric or out-of-range port
+        raise ValueError("port 0")
     return value.rstrip("/")
 
 
 def host_port(raw: str) -> tuple[str, int]:
     """Parse `host:port` or `[v6]:port` into a pair; hosts are DNS names or IP literals."""
     text = raw.strip()
+    if not text.isascii():
+        raise ValueError(f"non-ASCII characters in {text!r}")
+    if ":" not in text:
+        raise ValueError(f"missing :port in {text!r}")
     if text.startswith("["):
         host, sep, port = text[1:].partition("]:")
         ipaddress.IPv6Address(host)
@@ -172,7 +183,7 @@ def label_matchers(raw: object) -> tuple[tuple[str, str, str], ...]:
         if found["op"] in ("=~", "!~"):
             try:
                 re.compile(value)
-            except re.error as exc:
+            except (re.error, OverflowError, RecursionError) as exc:
                 raise ValueError(f"bad regular expression {value!r}: {exc}") from None
         matchers.append((found["name"], found["op"], value))
         pos = found.end()

@@ -142,7 +142,7 @@ def decide(
         metric_name=spec.trigger.metric_name,
         at=at,
         replicas=target,
-        active=not idle,
+        active=target > 0,  # IsActive agrees with the metric: a minReplicas floor stays active
         reason=reason,
         need=need,
         in_flight=in_flight,
