@@ -84,24 +84,32 @@ def _number(raw: object) -> float:
     return value
 
 
-def real(lo: float, hi: float, *, lo_open: bool = False) -> Parser:
-    def parse(raw: object) -> float:
+@dataclass(frozen=True)
+class Range:
+    """A numeric parser that keeps its bounds inspectable (docs, tests, fuzzers)."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    integer: bool = False
+
+    def __call__(self, raw: object) -> float | int:
         value = _number(raw)
-        if value < lo or value > hi or (lo_open and value == lo):
+        if value < self.lo or value > self.hi or (self.lo_open and value == self.lo):
             raise ValueError("")
+        if self.integer:
+            if value != int(value):
+                raise ValueError("")
+            return int(value)
         return value
 
-    return parse
+
+def real(lo: float, hi: float, *, lo_open: bool = False) -> Range:
+    return Range(lo, hi, lo_open=lo_open)
 
 
-def integer(lo: int, hi: int) -> Parser:
-    def parse(raw: object) -> int:
-        value = _number(raw)
-        if value != int(value) or not lo <= value <= hi:
-            raise ValueError("")
-        return int(value)
-
-    return parse
+def integer(lo: int, hi: int) -> Range:
+    return Range(lo, hi, integer=True)
 
 
 def choice(*options: str) -> Parser:

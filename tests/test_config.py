@@ -20,7 +20,7 @@ from scaler.config import (
     load_config_file,
     load_config_text,
 )
-from scaler.fields import BY_KEY, FIELDS, SERVER_KEYS, TUNING_KEYS, Field
+from scaler.fields import BY_KEY, FIELDS, SERVER_KEYS, TUNING_KEYS, Field, Range
 from scaler.trigger import parse_trigger
 from scaler.workload import ResolveError, WorkloadSpec, resolve
 
@@ -329,14 +329,10 @@ server:
 
 
 def numeric_bounds(field: Field) -> tuple[float, float, bool] | None:
-    qualname = getattr(field.parse, "__qualname__", "")
-    if qualname not in ("real.<locals>.parse", "integer.<locals>.parse"):
+    if not isinstance(field.parse, Range):
         return None
-    closure = field.parse.__closure__ or ()
-    cells = dict(
-        zip(field.parse.__code__.co_freevars, (c.cell_contents for c in closure), strict=True)
-    )
-    return cells["lo"], cells["hi"], bool(cells.get("lo_open", False))
+    r = field.parse
+    return r.lo, r.hi, r.lo_open
 
 
 NUMERIC = {f.key: b for f in FIELDS if (b := numeric_bounds(f)) is not None}

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scaler.fields import BACKENDS, FIELDS, SERVER_KEYS, TRIGGER_KEYS, Field
+from scaler.fields import BACKENDS, FIELDS, SERVER_KEYS, TRIGGER_KEYS, Field, Range
 from scaler.trigger import (
     METRIC_NAME_MAX,
     SYNTHETIC_KEYS,
@@ -44,14 +44,10 @@ def rejected(metadata: dict[str, str], name: str = "llama") -> TriggerError:
 
 def numeric_bounds(field: Field) -> tuple[float, float, bool, bool] | None:
     """(lo, hi, lo_open, is_integer) for fields built with fields.real/fields.integer, else None."""
-    qualname = getattr(field.parse, "__qualname__", "")
-    if qualname not in ("real.<locals>.parse", "integer.<locals>.parse"):
+    if not isinstance(field.parse, Range):
         return None
-    closure = field.parse.__closure__ or ()
-    cells = dict(
-        zip(field.parse.__code__.co_freevars, (c.cell_contents for c in closure), strict=True)
-    )
-    return cells["lo"], cells["hi"], bool(cells.get("lo_open", False)), qualname.startswith("int")
+    r = field.parse
+    return r.lo, r.hi, r.lo_open, r.integer
 
 
 NUMERIC = {f.key: (f, b) for f in FIELDS if (b := numeric_bounds(f)) is not None}
