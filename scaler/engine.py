@@ -23,7 +23,7 @@ from enum import Enum
 from scaler import telemetry
 from scaler.config_watch import ConfigStore
 from scaler.policy import Decision, PolicyState, decide, hold
-from scaler.sources import Source, SourceError, source_for
+from scaler.sources import Source, SourceError, Sources
 from scaler.trigger import TriggerSpec
 from scaler.workload import ResolveError, WorkloadSpec, resolve
 
@@ -75,13 +75,12 @@ class Engine:
     def __init__(
         self,
         store: ConfigStore,
-        sources: Callable[[str], Source] = source_for,
+        sources: Callable[[WorkloadSpec], Source] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
-        self._source_for = sources
-        self._sources: dict[str, Source] = {}
+        self._source_for = sources if sources is not None else Sources()
         self._clock = clock
         self._monotonic = monotonic
         self._workloads: dict[WorkloadKey, Workload] = {}
@@ -147,16 +146,14 @@ class Engine:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        close = getattr(self._source_for, "close", None)
+        if close is not None:
+            await close()
         for workload in self._workloads.values():
             workload.updated.set()
             workload.first.set()
 
     # --- the background loop -----------------------------------------------------------------
-
-    def _source(self, backend: str) -> Source:
-        if backend not in self._sources:
-            self._sources[backend] = self._source_for(backend)
-        return self._sources[backend]
 
     async def _run(self, key: WorkloadKey, workload: Workload) -> None:
         try:
@@ -213,8 +210,8 @@ class Engine:
         fine_start, fine_step = _segment(end, spec.scale_down_stabilization_s, interval)
         idle_extra = max(0.0, spec.scale_to_zero_idle_s - (end - fine_start))
         coarse_start, coarse_step = _segment(fine_start, idle_extra, interval)
-        source = self._source(spec.trigger.backend)
         try:
+            source = self._source_for(spec)
             history = await source.history(spec, coarse_start, fine_start, coarse_step)
             history += await source.history(spec, fine_start, end, fine_step)
         except (SourceError, TimeoutError) as exc:
@@ -231,8 +228,8 @@ class Engine:
         previous = workload.decision
         try:
             spec = self._spec(workload)
-            source = self._source(spec.trigger.backend)
-            timeout = max(1.0, self._store.current.server.evaluation_interval_s)
+            source = self._source_for(spec)
+            timeout = max(self._store.current.server.evaluation_interval_s, spec.read_deadline_s)
             signal = await asyncio.wait_for(source.read(spec, at), timeout)
         except (NoDecisionError, SourceError, TimeoutError) as exc:
             problem = (

@@ -200,6 +200,30 @@ def label_matchers(raw: object) -> tuple[tuple[str, str, str], ...]:
     return tuple(matchers)
 
 
+def label_name_or_none(raw: object) -> str | None:
+    value = _text(raw)
+    if value == "none":
+        return None
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError("")
+    return value
+
+
+def promql(raw: object) -> str:
+    """A PromQL expression; Prometheus itself is the real validator, so only basic shape here."""
+    value = _text(raw)
+    if not value or len(value) > 4000 or not value.isprintable():
+        raise ValueError("")
+    depth = 0
+    for char in value:
+        depth += {"(": 1, ")": -1, "{": 1, "}": -1}.get(char, 0)
+        if depth < 0:
+            raise ValueError("unbalanced brackets")
+    if depth:
+        raise ValueError("unbalanced brackets")
+    return value
+
+
 # --- the registry ---------------------------------------------------------------------------------
 
 NAME_RE = r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?"
@@ -277,6 +301,114 @@ FIELDS: tuple[Field, ...] = (
         None,
         "up to 200 characters from [A-Za-z0-9._-]",
         "Override of the metric name shown in `kubectl get hpa`; sanitised like the default.",
+    ),
+    Field(
+        "service",
+        Scope.TRIGGER,
+        pattern(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", 63),
+        None,
+        "a Kubernetes Service name (DNS label)",
+        "Direct scrape: the Service whose EndpointSlices list the serving pods (in the "
+        "ScaledObject's namespace); ready endpoints are scraped on metricsPort.",
+    ),
+    Field(
+        "metricsPort",
+        Scope.TRIGGER,
+        integer(1, 65535),
+        None,
+        "an integer from 1 to 65535",
+        "Direct scrape: the pods' metrics port; default 8002 for triton, 8000 for vllm.",
+    ),
+    Field(
+        "metricsPath",
+        Scope.TRIGGER,
+        pattern(r"/[A-Za-z0-9._~/-]*", 200),
+        "/metrics",
+        "an absolute URL path",
+        "Direct scrape: the metrics path on each pod.",
+    ),
+    Field(
+        "signalSource",
+        Scope.TUNING,
+        choice("auto", "prometheus", "scrape"),
+        "auto",
+        "auto | prometheus | scrape",
+        "Where live signals come from. `auto`: direct scrape when scrapeTargets or service "
+        "is set (the fast path, no Prometheus scrape lag), else Prometheus. History for the "
+        "warm start always comes from Prometheus when serverAddress is set.",
+    ),
+    Field(
+        "namespaceLabel",
+        Scope.TUNING,
+        label_name_or_none,
+        "namespace",
+        "a Prometheus label name, or none",
+        "The series label holding the pod's namespace; Prometheus queries are scoped to the "
+        "ScaledObject's namespace with it (`none` to turn the scoping off).",
+    ),
+    Field(
+        "rateWindowSeconds",
+        Scope.TUNING,
+        real(1, 3600),
+        60.0,
+        "a number of seconds from 1 to 3600",
+        "Window for counter rates, histogram quantiles and derivatives (PromQL range and "
+        "direct-scrape history). At least two scrape intervals.",
+    ),
+    Field(
+        "maxSampleAgeSeconds",
+        Scope.TUNING,
+        real(1, 3600),
+        60.0,
+        "a number of seconds from 1 to 3600",
+        "A sample older than this is missing, not current (a dead pod or stalled scrape).",
+    ),
+    Field(
+        "scrapeTimeoutSeconds",
+        Scope.TUNING,
+        real(0.05, 30),
+        1.0,
+        "a number of seconds from 0.05 to 30",
+        "Direct scrape: per-pod timeout; a pod that times out is left out with a reason.",
+    ),
+    Field(
+        "queryTimeoutSeconds",
+        Scope.TUNING,
+        real(0.1, 60),
+        3.0,
+        "a number of seconds from 0.1 to 60",
+        "Prometheus: timeout of one query attempt.",
+    ),
+    Field(
+        "queryIntervalSeconds",
+        Scope.TUNING,
+        real(0, 600),
+        5.0,
+        "a number of seconds from 0 to 600",
+        "Prometheus: query at most this often per workload (its data changes once per "
+        "scrape interval anyway); between queries the last reading is reused.",
+    ),
+    *(
+        Field(
+            key,
+            Scope.TUNING,
+            promql,
+            None,
+            "a PromQL expression of up to 4000 characters",
+            f"PromQL for `{signal}`, replacing the built-in one (required for backend custom: "
+            "at least waitingQuery or runningQuery). `$model` and `$selector` are replaced by "
+            "the model and the label matchers of this workload.",
+        )
+        for signal, key in (
+            ("waiting", "waitingQuery"),
+            ("running", "runningQuery"),
+            ("arrival_rate", "arrivalRateQuery"),
+            ("queue_time_mean_s", "queueTimeQuery"),
+            ("queue_time_p99_s", "queueTimeP99Query"),
+            ("ttft_p99_s", "ttftP99Query"),
+            ("kv_cache_usage", "kvCacheQuery"),
+            ("ready_pods", "readyPodsQuery"),
+        )
     ),
     # Synthetic generator (backend: synthetic).
     Field(

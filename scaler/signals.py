@@ -7,6 +7,7 @@ that reads "no data" as "no load" scales a busy model to zero during a metrics o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -39,3 +40,29 @@ class Signal:
         if not known:
             return None
         return any(v > 0 for v in known)
+
+    @classmethod
+    def from_values(
+        cls,
+        at: float,
+        source: str,
+        values: Mapping[str, float | None],
+        age_s: float | None = None,
+        reasons: tuple[str, ...] = (),
+    ) -> Signal:
+        """Build from a mapping of signal field -> value (absent or None = missing)."""
+        ready = values.get("ready_pods")
+        return cls(
+            at=at,
+            source=source,
+            waiting=values.get("waiting"),
+            running=values.get("running"),
+            arrival_rate=values.get("arrival_rate"),
+            queue_time_mean_s=values.get("queue_time_mean_s"),
+            queue_time_p99_s=values.get("queue_time_p99_s"),
+            ttft_p99_s=values.get("ttft_p99_s"),
+            kv_cache_usage=values.get("kv_cache_usage"),
+            ready_pods=int(ready) if ready is not None else None,
+            age_s=age_s,
+            reasons=reasons,
+        )

@@ -6,11 +6,14 @@ Like Knative's DeciderSpec: every value a decision needs is resolved once per de
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from scaler.config import Config
 from scaler.fields import BY_KEY, TUNING_KEYS, FieldError, check_bounds
+from scaler.sources.catalog import CATALOGS, QUERY_KEYS
 from scaler.trigger import TriggerSpec
 
 
@@ -34,11 +37,27 @@ class WorkloadSpec:
     scale_down_stabilization_s: float
     scale_to_zero_idle_s: float
     server_address: str | None
+    signal_source: str  # "prometheus" | "scrape" | "none" (synthetic)
+    namespace_label: str | None
+    rate_window_s: float
+    max_sample_age_s: float
+    scrape_timeout_s: float
+    query_timeout_s: float
+    query_interval_s: float
+    queries: Mapping[str, str]  # signal field -> user PromQL
+    metrics_port: int | None
     config_digest: str
 
     @property
     def workload(self) -> str:
         return self.trigger.workload
+
+    @property
+    def read_deadline_s(self) -> float:
+        """The longest one read may take: a Prometheus query with its retries, or a scrape."""
+        if self.signal_source == "prometheus":
+            return self.query_timeout_s * 3 + 1.0
+        return self.scrape_timeout_s + 5.0  # plus an EndpointSlice list on a cold cache
 
 
 def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
@@ -60,14 +79,7 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
     merged.update(profile)
     merged.update(trigger.tuning())
     problems += check_bounds(merged, "")
-    if trigger.backend != "synthetic" and not (merged["serverAddress"] or trigger.scrape_targets):
-        problems.append(
-            FieldError(
-                "serverAddress",
-                f"backend {trigger.backend} needs serverAddress (Prometheus URL, in the trigger "
-                "or its profile) or scrapeTargets",
-            )
-        )
+    source = _signal_source(trigger, merged, problems)
     if problems:
         raise ResolveError(problems)
     horizon = merged["horizonSeconds"]
@@ -84,5 +96,54 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
         scale_down_stabilization_s=merged["scaleDownStabilizationSeconds"],
         scale_to_zero_idle_s=merged["scaleToZeroIdleSeconds"],
         server_address=merged["serverAddress"],
+        signal_source=source,
+        namespace_label=merged["namespaceLabel"],
+        rate_window_s=merged["rateWindowSeconds"],
+        max_sample_age_s=merged["maxSampleAgeSeconds"],
+        scrape_timeout_s=merged["scrapeTimeoutSeconds"],
+        query_timeout_s=merged["queryTimeoutSeconds"],
+        query_interval_s=merged["queryIntervalSeconds"],
+        queries=MappingProxyType(
+            {field: merged[key] for field, key in QUERY_KEYS.items() if merged[key]}
+        ),
+        metrics_port=trigger.values.get("metricsPort")
+        or CATALOGS.get(trigger.backend, CATALOGS["custom"]).default_metrics_port,
         config_digest=config.digest,
     )
+
+
+def _signal_source(
+    trigger: TriggerSpec, merged: Mapping[str, Any], problems: list[FieldError]
+) -> str:
+    """Pick where live signals come from, or explain why no source fits."""
+    if trigger.backend == "synthetic":
+        return "none"
+    scrape_ok = bool(trigger.scrape_targets or trigger.values.get("service"))
+    prometheus_ok = bool(merged["serverAddress"])
+    wanted = merged["signalSource"]
+    if trigger.backend == "custom":
+        if not (merged["waitingQuery"] or merged["runningQuery"]):
+            problems.append(
+                FieldError(
+                    "waitingQuery",
+                    "backend custom needs waitingQuery or runningQuery (PromQL), in the trigger "
+                    "or its profile",
+                )
+            )
+        if wanted == "scrape":
+            problems.append(
+                FieldError("signalSource", "backend custom reads PromQL: use prometheus or auto")
+            )
+        scrape_ok = False
+    if wanted == "scrape" or (wanted == "auto" and scrape_ok):
+        if not scrape_ok and trigger.backend != "custom":
+            problems.append(
+                FieldError("signalSource", "scrape needs scrapeTargets or service in the trigger")
+            )
+        return "scrape"
+    if not prometheus_ok:
+        needs = "serverAddress (Prometheus URL, in the trigger or its profile)"
+        if trigger.backend != "custom":
+            needs += ", scrapeTargets or service"
+        problems.append(FieldError("serverAddress", f"backend {trigger.backend} needs {needs}"))
+    return "prometheus"

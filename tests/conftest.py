@@ -34,6 +34,9 @@ def synthetic(**overrides: str) -> dict[str, str]:
     return base
 
 
+# Real servers (Prometheus, Triton, vLLM) started by the tests; see tests/servers/.
+pytest_plugins = ["tests.servers.prometheus", "tests.servers.triton"]
+
 ServerFactory = Callable[..., Any]
 
 

@@ -139,7 +139,7 @@ PROBLEMS = [
     pytest.param(
         "defaults:\n  colour: blue\n",
         "defaults.colour",
-        ["unknown key; accepted keys: serverAddress, targetConcurrency"],
+        [f"unknown key; accepted keys: {', '.join(TUNING_KEYS)}"],
         id="defaults-unknown-key",
     ),
     pytest.param(
@@ -534,7 +534,7 @@ def test_unknown_profile_names_profile_and_lists_known_ones() -> None:
     assert "known: none defined" in str(none_defined.value)
 
 
-@pytest.mark.parametrize("backend", ["vllm", "triton", "custom"])
+@pytest.mark.parametrize("backend", ["vllm", "triton"])
 def test_non_synthetic_backend_needs_server_address(backend: str) -> None:
     trigger = parse_trigger("team-a", "llama", {"backend": backend})
     with pytest.raises(ResolveError) as info:
@@ -542,6 +542,23 @@ def test_non_synthetic_backend_needs_server_address(backend: str) -> None:
     assert paths(info.value) == ["serverAddress"]
     assert f"backend {backend} needs serverAddress" in str(info.value)
     assert "scrapeTargets" in str(info.value)
+
+
+def test_custom_backend_needs_prometheus_and_a_query() -> None:
+    trigger = parse_trigger("team-a", "sglang", {"backend": "custom"})
+    with pytest.raises(ResolveError) as info:
+        resolve(trigger, Config())
+    assert paths(info.value) == ["waitingQuery", "serverAddress"]
+    assert "backend custom needs serverAddress" in str(info.value)
+    assert "scrapeTargets" not in str(info.value)  # custom PromQL cannot be scraped directly
+    scraped = parse_trigger(
+        "team-a",
+        "sglang",
+        {"backend": "custom", "signalSource": "scrape", "waitingQuery": "sum(q{$selector})"},
+    )
+    with pytest.raises(ResolveError) as info:
+        resolve(scraped, Config())
+    assert "signalSource" in paths(info.value)
 
 
 def test_server_address_from_profile_defaults_or_scrape_targets_satisfies_it() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from scaler.config import Config
 from scaler.signals import Signal
-from scaler.sources import source_for
+from scaler.sources import Sources
 from scaler.sources.synthetic import SyntheticSource, synthetic_rate, synthetic_signal
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec, resolve
@@ -137,7 +137,7 @@ def test_signal_is_deterministic_for_equal_inputs() -> None:
 
 async def test_read_matches_the_pure_function() -> None:
     spec = make_spec(syntheticPattern="sine")
-    source = source_for("synthetic")
+    source = Sources()(spec)
     assert isinstance(source, SyntheticSource)
     assert await source.read(spec, T0 + 42) == synthetic_signal(spec, T0 + 42)
 

@@ -1,11 +1,15 @@
-"""Sources read metrics (I/O) and return `Signal`s; nothing else in the scaler does I/O on them."""
+"""Sources read metrics (I/O) and return `Signal`s; nothing else in the scaler reads metrics."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from scaler.signals import Signal
-from scaler.workload import WorkloadSpec
+
+if TYPE_CHECKING:
+    from scaler.sources.prometheus import PrometheusSource
+    from scaler.sources.scrape import ScrapeSource
+    from scaler.workload import WorkloadSpec
 
 
 class SourceError(RuntimeError):
@@ -24,28 +28,60 @@ class Source(Protocol):
         ...
 
 
-class Unavailable:
-    """The source for a backend that this build cannot read: every read fails with the reason."""
+class ScrapeWithHistory:
+    """Live signals by direct scrape; history, for the warm start, from Prometheus."""
 
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
+    def __init__(self, live: ScrapeSource, past: PrometheusSource | None) -> None:
+        self.live = live
+        self.past = past
 
     async def read(self, spec: WorkloadSpec, at: float) -> Signal:
-        raise SourceError(self.reason)
+        return await self.live.read(spec, at)
 
     async def history(
         self, spec: WorkloadSpec, start: float, end: float, step: float
     ) -> list[Signal]:
-        return []
+        return [] if self.past is None else await self.past.history(spec, start, end, step)
 
 
-def source_for(backend: str) -> Source:
-    """The source that reads a backend's signals."""
-    from scaler.sources.synthetic import SyntheticSource
+class Sources:
+    """One source object per kind (and per Prometheus URL), shared by the workloads using it."""
 
-    if backend == "synthetic":
-        return SyntheticSource()
-    return Unavailable(
-        f"backend {backend!r}: the Prometheus and direct-scrape sources are not in this "
-        "release yet (tracked in the signals issue); use backend synthetic"
-    )
+    def __init__(self, discovery: object | None = None) -> None:
+        from scaler.sources.synthetic import SyntheticSource
+
+        self._discovery = discovery
+        self._synthetic = SyntheticSource()
+        self._scrape: ScrapeSource | None = None
+        self._prometheus: dict[str, PrometheusSource] = {}
+
+    def _prometheus_for(self, url: str | None) -> PrometheusSource | None:
+        from scaler.sources.prometheus import PrometheusSource
+
+        if url is None:
+            return None
+        if url not in self._prometheus:
+            self._prometheus[url] = PrometheusSource(url)
+        return self._prometheus[url]
+
+    def __call__(self, spec: WorkloadSpec) -> Source:
+        if spec.signal_source == "none":
+            return self._synthetic
+        if spec.signal_source == "scrape":
+            from scaler.sources.discovery import EndpointSliceDiscovery
+            from scaler.sources.scrape import ScrapeSource
+
+            if self._scrape is None:
+                discovery = self._discovery
+                if not isinstance(discovery, EndpointSliceDiscovery):
+                    discovery = EndpointSliceDiscovery()
+                self._scrape = ScrapeSource(discovery)
+            return ScrapeWithHistory(self._scrape, self._prometheus_for(spec.server_address))
+        source = self._prometheus_for(spec.server_address)
+        if source is None:
+            raise SourceError("the Prometheus source needs serverAddress")
+        return source
+
+    async def close(self) -> None:
+        if self._scrape is not None:
+            await self._scrape.close()

@@ -1,0 +1,78 @@
+"""Prometheus exposition text -> validated samples, with a reason for everything dropped.
+
+Parsing is prometheus_client's `text_string_to_metric_families` (never hand-rolled). What we add is
+robustness: the parser raises `ValueError` mid-stream on bad input, so a broken line costs the
+samples after it but never the scrape loop; NaN, +-Inf and negative values (a queue cannot be
+negative) are dropped with a reason; a duplicated series keeps its first value.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from scaler.sources.catalog import Matcher
+
+LabelSet = frozenset[tuple[str, str]]
+SeriesKey = tuple[str, LabelSet]
+
+
+@dataclass
+class Scrape:
+    """One target's samples at one time: series key -> value."""
+
+    samples: dict[SeriesKey, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def names(self) -> set[str]:
+        return {name for name, _ in self.samples}
+
+
+def parse(text: str) -> Scrape:
+    scrape = Scrape()
+    dropped: Counter[str] = Counter()
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                value = float(sample.value)
+                if not math.isfinite(value):
+                    dropped[f"non-finite value in {sample.name}"] += 1
+                elif value < 0:
+                    dropped[f"negative value in {sample.name}"] += 1
+                else:
+                    series = (sample.name, frozenset(sample.labels.items()))
+                    if series in scrape.samples:
+                        dropped[f"duplicate series {sample.name}"] += 1
+                    else:
+                        scrape.samples[series] = value
+    except ValueError as exc:
+        scrape.problems.append(f"unparsable metrics text, kept what came before: {exc}"[:300])
+    scrape.problems += [f"{reason} (x{count})" for reason, count in sorted(dropped.items())]
+    return scrape
+
+
+def matches(labels: LabelSet, matchers: Iterable[Matcher], only_present: bool = False) -> bool:
+    """PromQL matcher semantics (regexes anchored). With `only_present`, matchers on labels the
+    series does not carry are skipped: Prometheus adds target labels (namespace, pod, service)
+    that a pod's own /metrics never has."""
+    values = dict(labels)
+    for label, op, want in matchers:
+        if only_present and label not in values:
+            continue
+        have = values.get(label, "")
+        if op == "=":
+            ok = have == want
+        elif op == "!=":
+            ok = have != want
+        elif op == "=~":
+            ok = re.fullmatch(want, have) is not None
+        else:
+            ok = re.fullmatch(want, have) is None
+        if not ok:
+            return False
+    return True

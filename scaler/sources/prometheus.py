@@ -1,0 +1,252 @@
+"""The Prometheus source: catalog expressions rendered as PromQL, read with prometheus-api-client.
+
+Queries are scoped to one deployment: the model label, the ScaledObject's namespace (via
+`namespaceLabel`) and the trigger's `labelSelector`. Each query has a bounded timeout and bounded
+retries (urllib3 `Retry`: connection errors and 502/503/504, with backoff); a query that fails,
+times out, returns garbage or a non-finite value leaves its signal missing with the reason, and when
+every query fails the read fails, so the engine holds the last target (fail static).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests import RequestException
+from urllib3.util.retry import Retry
+
+from scaler.signals import Signal
+from scaler.sources import SourceError
+from scaler.sources.catalog import (
+    AtLeastZero,
+    Count,
+    Deriv,
+    Expr,
+    Gauge,
+    Matcher,
+    Plus,
+    PromQL,
+    Quantile,
+    Rate,
+    Ratio,
+    signal_exprs,
+)
+from scaler.workload import WorkloadSpec
+
+RETRY = Retry(
+    total=2,
+    connect=2,
+    read=1,
+    status=2,
+    backoff_factor=0.1,
+    status_forcelist=(502, 503, 504),
+    allowed_methods=("GET",),
+    raise_on_status=False,
+)
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def matchers_for(spec: WorkloadSpec, model_label: str | None) -> tuple[Matcher, ...]:
+    found: list[Matcher] = []
+    if model_label and spec.trigger.model:
+        found.append((model_label, "=", spec.trigger.model))
+    if spec.namespace_label:
+        found.append((spec.namespace_label, "=", spec.trigger.namespace))
+    found += spec.trigger.label_selector
+    return tuple(found)
+
+
+def render_selector(matchers: tuple[Matcher, ...]) -> str:
+    return ",".join(f"{label}{op}{_quote(value)}" for label, op, value in matchers)
+
+
+def render(expr: Expr, spec: WorkloadSpec, matchers: tuple[Matcher, ...]) -> str:
+    """PromQL for one catalog expression."""
+    sel = render_selector(matchers)
+    window = f"[{max(1, round(spec.rate_window_s))}s]"
+
+    def series(name: str, extra: tuple[Matcher, ...] = ()) -> str:
+        return f"{name}{{{render_selector(matchers + extra)}}}"
+
+    def alternatives(parts: list[str], scale: float = 1.0) -> str:
+        body = parts[0] if len(parts) == 1 else "(" + " or ".join(parts) + ")"
+        return body if scale == 1.0 else f"({body} * {scale!r})"
+
+    match expr:
+        case Gauge():
+            return alternatives(
+                [f"{expr.agg}({series(n, expr.extra)})" for n in expr.names], expr.scale
+            )
+        case Count(of=gauge):
+            return alternatives([f"count({series(n, gauge.extra)})" for n in gauge.names])
+        case Rate():
+            return alternatives(
+                [f"sum(rate({series(n, expr.extra)}{window}))" for n in expr.names], expr.scale
+            )
+        case Deriv(of=gauge):
+            return alternatives([f"sum(deriv({series(n)}{window}))" for n in gauge.names])
+        case Quantile():
+            buckets = [f"sum by (le) (rate({series(n + '_bucket')}{window}))" for n in expr.names]
+            parts = [f"histogram_quantile({expr.q!r}, {b})" for b in buckets]
+            return alternatives(parts, expr.scale)
+        case Plus(terms=(first, *rest)):
+            return " + ".join(
+                [f"({render(first, spec, matchers)})"]
+                + [f"(({render(t, spec, matchers)}) or vector(0))" for t in rest]
+            )
+        case Ratio(num=num, den=den):
+            return f"({render(num, spec, matchers)}) / ({render(den, spec, matchers)})"
+        case AtLeastZero(of=inner):
+            return f"clamp_min({render(inner, spec, matchers)}, 0)"
+        case PromQL(query=query):
+            return query.replace("$selector", sel).replace("$model", spec.trigger.model or "")
+    raise ValueError(f"cannot render {expr!r}")
+
+
+def _age_query(
+    spec: WorkloadSpec, exprs: Mapping[str, Expr], matchers: tuple[Matcher, ...]
+) -> str | None:
+    ready = exprs.get("ready_pods")
+    if isinstance(ready, Count):
+        return " or ".join(
+            f"max(timestamp({n}{{{render_selector(matchers)}}}))" for n in ready.of.names
+        )
+    return None
+
+
+def _scalar(result: object) -> float:
+    """The single value of an aggregated instant-query result; raises ValueError otherwise."""
+    if not isinstance(result, list):
+        raise ValueError(f"unexpected answer {str(result)[:80]!r}")
+    if not result:
+        raise LookupError("no series matched")
+    if len(result) > 1:
+        raise ValueError(f"{len(result)} series where one was expected: aggregate the query")
+    value = float(result[0]["value"][1])
+    if not math.isfinite(value):
+        raise ValueError(f"non-finite value {value}")
+    return value
+
+
+class PrometheusSource:
+    """One per Prometheus URL; workloads share its connection pool."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client = PrometheusConnect(url=url, retry=RETRY, disable_ssl=False)
+        self._cache: dict[str, tuple[float, Signal]] = {}
+
+    async def _query(self, query: str, timeout_s: float) -> float:
+        try:
+            result = await asyncio.to_thread(self._client.custom_query, query, None, timeout_s)
+        except RequestException as exc:
+            raise ConnectionError(
+                f"prometheus at {self.url}: {type(exc).__name__}: {exc}"[:300]
+            ) from None
+        except PrometheusApiClientException as exc:
+            raise ValueError(f"prometheus at {self.url} answered {exc}"[:300]) from None
+        except (KeyError, TypeError, IndexError, ValueError) as exc:  # not the JSON it should be
+            raise ValueError(f"prometheus at {self.url} answered garbage: {exc!r}"[:300]) from None
+        try:
+            return _scalar(result)
+        except (KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"malformed result: {exc!r}") from None
+
+    async def read(self, spec: WorkloadSpec, at: float) -> Signal:
+        key = f"{spec.workload}|{spec.trigger.metric_name}"
+        cached = self._cache.get(key)
+        if cached is not None and 0 <= at - cached[0] < spec.query_interval_s:
+            return cached[1]
+        from scaler.sources.catalog import CATALOGS
+
+        catalog = CATALOGS[spec.trigger.backend]
+        matchers = matchers_for(spec, catalog.model_label)
+        exprs = signal_exprs(spec.trigger.backend, spec.queries)
+        queries = {field: render(expr, spec, matchers) for field, expr in exprs.items()}
+        age_query = _age_query(spec, exprs, matchers)
+        if age_query:
+            queries["_newest"] = age_query
+        answers = await asyncio.gather(
+            *(self._query(q, spec.query_timeout_s) for q in queries.values()),
+            return_exceptions=True,
+        )
+        values: dict[str, float | None] = {}
+        reasons: list[str] = []
+        errors = 0
+        for (field, query), answer in zip(queries.items(), answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer
+                values[field] = None
+                if not isinstance(answer, LookupError):
+                    errors += 1
+                reasons.append(f"{field}: {answer or type(answer).__name__} [{query[:160]}]")
+            else:
+                values[field] = answer
+        if errors == len(queries):
+            raise SourceError(reasons[0] if reasons else f"prometheus at {self.url}: no answer")
+        newest = values.pop("_newest", None)
+        age = time.time() - newest if newest is not None else None
+        if age is not None and age > spec.max_sample_age_s:
+            raise SourceError(
+                f"newest sample is {age:.0f}s old (maxSampleAgeSeconds={spec.max_sample_age_s:g})"
+            )
+        reasons = [r for r in reasons if not r.startswith("_newest")]
+        signal = Signal.from_values(at, "prometheus", values, age, tuple(reasons))
+        self._cache[key] = (at, signal)
+        return signal
+
+    async def history(
+        self, spec: WorkloadSpec, start: float, end: float, step: float
+    ) -> list[Signal]:
+        """Range queries on the tick grid (start, start+step, ... < end) for the warm start."""
+        if end <= start:
+            return []
+        from scaler.sources.catalog import CATALOGS
+
+        catalog = CATALOGS[spec.trigger.backend]
+        matchers = matchers_for(spec, catalog.model_label)
+        exprs = signal_exprs(spec.trigger.backend, spec.queries)
+        grid: dict[float, dict[str, float]] = {}
+        last = start + math.floor((end - start) / step - 1e-9) * step
+
+        def fetch(query: str) -> list[dict[str, object]]:
+            result: list[dict[str, object]] = self._client.custom_query_range(
+                query,
+                datetime.fromtimestamp(start, UTC),
+                datetime.fromtimestamp(last, UTC),
+                f"{step:g}s",
+                None,
+                spec.query_timeout_s * 4,
+            )
+            return result
+
+        for field, expr in exprs.items():
+            try:
+                result = await asyncio.to_thread(fetch, render(expr, spec, matchers))
+            except (
+                RequestException,
+                PrometheusApiClientException,
+                KeyError,
+                TypeError,
+                ValueError,
+            ) as exc:
+                raise SourceError(f"prometheus at {self.url}: history: {exc}"[:300]) from None
+            for series in result[:1]:
+                for ts, raw in series.get("values", []):  # type: ignore[attr-defined]
+                    value = float(raw)
+                    if math.isfinite(value):
+                        tick = start + round((float(ts) - start) / step) * step
+                        grid.setdefault(tick, {})[field] = value
+        return [
+            Signal.from_values(tick, "prometheus-history", grid[tick])
+            for tick in sorted(t for t in grid if t < end)
+        ]

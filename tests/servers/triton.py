@@ -1,0 +1,344 @@
+"""A real Triton Inference Server (pytriton, CPU) for tests, plus a closed-loop load generator.
+
+The server runs in its own venv, `.venv-triton` (pytriton needs numpy<2); create it with
+`tests/servers/install_triton.sh`. This module runs in the main venv and uses only the stdlib
+and httpx. Load it as a pytest plugin for the session-scoped `triton_server` fixture:
+
+    .venv/bin/pytest -p tests.servers.triton tests/test_harness_triton.py
+
+Everything binds and talks to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.servers.ports import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRITON_VENV = REPO_ROOT / ".venv-triton"
+TRITON_PYTHON = TRITON_VENV / "bin" / "python"
+TOY_SCRIPT = Path(__file__).resolve().with_name("triton_toy.py")
+INSTALL_SCRIPT = "tests/servers/install_triton.sh"
+MODEL = "toy"
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+LOG_TAIL_CHARS = 4000
+
+
+def infer_body(value: float = 1.0) -> dict[str, Any]:
+    """KServe v2 JSON request for the toy model: one row, x = [value]."""
+    return {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [value]}]}
+
+
+class TritonStartError(RuntimeError):
+    pass
+
+
+def triton_venv_missing_message() -> str:
+    return (
+        f"{TRITON_PYTHON.relative_to(REPO_ROOT)} not found: the real Triton tests need their own "
+        f"venv. Create it with `bash {INSTALL_SCRIPT}` (installs nvidia-pytriton==0.7.0 into "
+        ".venv-triton)."
+    )
+
+
+def triton_libdir(python: Path = TRITON_PYTHON) -> str:
+    """LIBDIR of the .venv-triton interpreter: the Python backend stub must load its libpython."""
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    libdir = out.stdout.strip()
+    if not libdir or libdir == "None":
+        raise TritonStartError(f"{python} reports no LIBDIR")
+    return libdir
+
+
+class TritonServer:
+    """`.venv-triton/bin/python tests/servers/triton_toy.py` on free loopback ports.
+
+    Use as a context manager (or start()/stop()). Ready means /v2/health/ready answered 200 AND
+    one inference succeeded (the ready endpoint can answer slightly before the model serves).
+    """
+
+    def __init__(self, *, start_timeout_s: float = START_TIMEOUT_S) -> None:
+        self.start_timeout_s = start_timeout_s
+        self.http_port = 0
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+        self.start_seconds: float | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_target(self) -> str:
+        return f"127.0.0.1:{self.metrics_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.metrics_target}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        text = self.log_path.read_text(errors="replace")
+        return text[-chars:]
+
+    def start(self) -> None:
+        if self.proc is not None:
+            raise RuntimeError("TritonServer already started")
+        if not TRITON_PYTHON.exists():
+            raise TritonStartError(triton_venv_missing_message())
+        env = dict(os.environ)
+        libdir = triton_libdir()
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p
+        )
+        env["PYTHONUNBUFFERED"] = "1"
+        # Ephemeral ports can collide between free_port() and Triton's bind: retry a few times.
+        attempts = 3
+        for attempt in range(1, attempts + 1):
+            self.http_port, self.grpc_port, self.metrics_port = _distinct_free_ports(3)
+            fd, log_name = tempfile.mkstemp(prefix="triton-toy-", suffix=".log")
+            self.log_path = Path(log_name)
+            started = time.monotonic()
+            with os.fdopen(fd, "wb") as log:
+                self.proc = subprocess.Popen(
+                    [
+                        str(TRITON_PYTHON),
+                        str(TOY_SCRIPT),
+                        f"--http-port={self.http_port}",
+                        f"--grpc-port={self.grpc_port}",
+                        f"--metrics-port={self.metrics_port}",
+                    ],
+                    cwd=REPO_ROOT,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    # Own process group: a SIGKILL fallback also reaches tritonserver and the
+                    # Python backend stub that triton_toy.py starts.
+                    start_new_session=True,
+                )
+            try:
+                self._wait_ready()
+            except TritonStartError as err:
+                tail = self.log_tail()
+                self.kill()
+                in_use = "address already in use" in tail.lower()
+                if in_use and attempt < attempts:
+                    continue
+                raise TritonStartError(f"{err}\n--- {self.log_path} (tail) ---\n{tail}") from None
+            self.start_seconds = time.monotonic() - started
+            return
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.start_timeout_s
+        ready = False
+        last_error = "no answer yet"
+        with httpx.Client(base_url=self.http_url, timeout=2.0, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                code = self.proc.poll()
+                if code is not None:
+                    raise TritonStartError(f"triton_toy.py exited with code {code} while starting")
+                try:
+                    if not ready:
+                        resp = client.get("/v2/health/ready")
+                        ready = resp.status_code == 200
+                        last_error = f"/v2/health/ready -> {resp.status_code}"
+                    if ready:
+                        resp = client.post(f"/v2/models/{MODEL}/infer", json=infer_body(1.5))
+                        if resp.status_code == 200 and resp.json()["outputs"][0]["data"] == [3.0]:
+                            return
+                        last_error = f"infer -> {resp.status_code} {resp.text[:200]}"
+                except (httpx.HTTPError, ValueError, KeyError, IndexError) as err:
+                    last_error = f"{type(err).__name__}: {err}"
+                time.sleep(0.25)
+        raise TritonStartError(
+            f"Triton not serving {MODEL} within {self.start_timeout_s:.0f}s ({last_error})"
+        )
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM our PID, wait; SIGKILL our process group if it does not exit in time."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._reap_group()
+        self.proc = None
+        if proc.returncode == 0 and self.log_path is not None:
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
+        return proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL at once: triton_toy.py and everything it started (our own process group)."""
+        proc = self.proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STOP_TIMEOUT_S)
+
+    def _reap_group(self) -> None:
+        """After our PID exited, SIGKILL any child it left in its (our) process group."""
+        proc = self.proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, 0)  # raises ProcessLookupError if the group is empty
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _distinct_free_ports(n: int) -> tuple[int, ...]:
+    ports: list[int] = []
+    for _ in range(20 * n):
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+        if len(ports) == n:
+            return tuple(ports)
+    raise RuntimeError("could not find distinct free ports")
+
+
+@dataclass
+class LoadResult:
+    ok: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return self.ok + self.errors
+
+
+async def triton_load(
+    http_url: str,
+    concurrency: int = 32,
+    duration_s: float = 10.0,
+    max_requests: int = 20_000,
+    *,
+    stop: asyncio.Event | None = None,
+    request_timeout_s: float = 10.0,
+) -> LoadResult:
+    """Closed-loop load: `concurrency` clients each send one inference at a time to the toy model.
+
+    Ends at the first of: duration_s elapsed, max_requests sent, `stop` set.
+    """
+    result = LoadResult()
+    sent = 0
+    started = time.monotonic()
+    deadline = started + duration_s
+    body = infer_body(1.0)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async with httpx.AsyncClient(
+        base_url=http_url, timeout=request_timeout_s, limits=limits, trust_env=False
+    ) as client:
+
+        async def worker() -> None:
+            nonlocal sent
+            while sent < max_requests and time.monotonic() < deadline:
+                if stop is not None and stop.is_set():
+                    return
+                sent += 1
+                try:
+                    resp = await client.post(f"/v2/models/{MODEL}/infer", json=body)
+                except httpx.HTTPError:
+                    result.errors += 1
+                    await asyncio.sleep(0.05)
+                    continue
+                if resp.status_code == 200:
+                    result.ok += 1
+                else:
+                    result.errors += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    result.seconds = time.monotonic() - started
+    return result
+
+
+@pytest.fixture(scope="session")
+def triton_server() -> Iterator[TritonServer]:
+    """One real Triton (toy model) for the whole test session; fails, never skips, if missing."""
+    if not TRITON_PYTHON.exists():
+        pytest.fail(triton_venv_missing_message(), pytrace=False)
+    server = TritonServer()
+    try:
+        server.start()
+    except TritonStartError as err:
+        pytest.fail(f"could not start Triton: {err}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+__all__ = [
+    "INSTALL_SCRIPT",
+    "MODEL",
+    "TRITON_PYTHON",
+    "LoadResult",
+    "TritonServer",
+    "TritonStartError",
+    "infer_body",
+    "triton_load",
+    "triton_server",
+]
+
+if __name__ == "__main__":  # manual smoke: start, print the endpoints, stop
+    with TritonServer() as srv:
+        print(f"started in {srv.start_seconds:.1f}s: {srv.http_url} {srv.metrics_url}")
+    sys.exit(0)
