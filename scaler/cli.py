@@ -1,4 +1,4 @@
-"""`scaler` command line: serve, check-config, demo, reference."""
+"""`scaler` command line: serve, check-config, signals, demo, reference."""
 
 from __future__ import annotations
 
@@ -62,6 +62,58 @@ def _demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(args.duration, args.poll_interval))
 
 
+def _signals(args: argparse.Namespace) -> int:
+    """Read a workload's signals once, exactly as the server would, and print them."""
+    import dataclasses
+    import json
+    import time
+
+    from scaler.config import Config, ConfigError, load_config_file
+    from scaler.sources import SourceError, Sources
+    from scaler.trigger import TriggerError, parse_trigger
+    from scaler.workload import ResolveError, resolve
+
+    metadata = {}
+    for item in args.metadata:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"--metadata {item!r}: expected KEY=VALUE", file=sys.stderr)
+            return 2
+        metadata[key] = value
+    try:
+        config = load_config_file(args.config) if args.config else Config()
+        spec = resolve(parse_trigger(args.namespace, args.name, metadata), config)
+    except (ConfigError, TriggerError, ResolveError) as exc:
+        print(f"scaler signals: {exc}", file=sys.stderr)
+        return 2
+
+    async def read() -> dict[str, object]:
+        sources = Sources()
+        try:
+            source = sources(spec)
+            if spec.signal_source == "scrape":  # counters need two scrapes to become rates
+                await source.read(spec, time.time())
+                await asyncio.sleep(args.interval)
+            signal = await source.read(spec, time.time())
+        except SourceError as exc:
+            return {"source": spec.signal_source, "reasons": [str(exc)]}
+        finally:
+            await sources.close()
+        return dataclasses.asdict(signal)
+
+    found = asyncio.run(read())
+    if args.json:
+        print(json.dumps(found))
+    else:
+        for key, value in found.items():
+            if key == "reasons":
+                for reason in value or []:  # type: ignore[attr-defined]
+                    print(f"  missing: {reason}")
+            else:
+                print(f"{key:>18}: {'missing' if value is None else value}")
+    return 0
+
+
 def _reference(args: argparse.Namespace) -> int:
     from scaler.reference import markdown
 
@@ -108,6 +160,24 @@ def parser() -> argparse.ArgumentParser:
         "--poll-interval", type=float, default=3.0, help="seconds (default %(default)s)"
     )
     demo.set_defaults(run=_demo)
+    sig = sub.add_parser(
+        "signals", help="read a workload's signals once, as the server would, and print them"
+    )
+    sig.add_argument(
+        "--metadata", action="append", default=[], metavar="KEY=VALUE", help="a trigger key"
+    )
+    sig.add_argument("--namespace", default="default", help="the ScaledObject's namespace")
+    sig.add_argument("--name", default="workload", help="the ScaledObject's name")
+    sig.add_argument("--config", help="tuning YAML for profiles and defaults")
+    sig.add_argument("--json", action="store_true", help="one JSON object")
+    sig.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="direct scrape: seconds between the two scrapes that make rates (default 1)",
+    )
+    sig.set_defaults(run=_signals)
+
     ref = sub.add_parser("reference", help="print the settings reference (Markdown)")
     ref.set_defaults(run=_reference)
     return top

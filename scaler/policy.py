@@ -54,6 +54,7 @@ class Decision:
     arrival_rate: float | None
     detail: str  # the numbers behind `reason`, for logs and `explain`
     faults: tuple[str, ...] = ()  # what is missing or wrong right now
+    signal: Signal | None = None  # what the decision was made from (None when held)
 
     @property
     def decision_id(self) -> str:
@@ -90,7 +91,7 @@ def hold(state: PolicyState, at: float, stale_s: float, faults: tuple[str, ...])
         f"signals missing for {at - last.at:.0f}s (limit {stale_s:.0f}s); holding "
         f"{last.replicas} replicas from {last.at:.0f}"
     )
-    return replace(last, at=at, reason=Reason.HOLD, detail=detail, faults=faults)
+    return replace(last, at=at, reason=Reason.HOLD, detail=detail, faults=faults, signal=None)
 
 
 def decide(
@@ -149,6 +150,7 @@ def decide(
         arrival_rate=signal.arrival_rate,
         detail=detail,
         faults=faults + signal.reasons,
+        signal=signal,
     )
     return decision, PolicyState(
         recent=recent, last_busy_at=last_busy, first_at=first_at, last_good=decision

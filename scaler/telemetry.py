@@ -39,6 +39,19 @@ OPEN_STREAMS = Gauge(PREFIX + "open_streams", "Streaming RPCs open now", ["metho
 
 LABELS = ["namespace", "scaledobject", "metric"]
 
+# What the scaler saw, next to what it decided: signal field -> (metric name, help).
+SIGNAL_METRICS = {
+    "waiting": ("signal_waiting_requests", "Requests queued at the servers"),
+    "running": ("signal_running_requests", "Requests being served"),
+    "arrival_rate": ("signal_arrival_rate_requests_per_second", "Arrival rate"),
+    "queue_time_mean_s": ("signal_queue_time_mean_seconds", "Mean time in the queue"),
+    "queue_time_p99_s": ("signal_queue_time_p99_seconds", "p99 time in the queue"),
+    "ttft_p99_s": ("signal_ttft_p99_seconds", "p99 time to first token"),
+    "kv_cache_usage": ("signal_kv_cache_usage_ratio", "KV-cache usage of the fullest pod, 0-1"),
+    "ready_pods": ("signal_ready_pods", "Serving pods that reported"),
+    "age_s": ("signal_age_seconds", "Age of the newest sample when read"),
+}
+
 
 class DecisionCollector(Collector):
     """Exports the latest decision of every tracked workload."""
@@ -72,6 +85,15 @@ class DecisionCollector(Collector):
                 labels=[*LABELS, "reason"],
             ),
         }
+        signals = {
+            field: GaugeMetricFamily(PREFIX + name, text, labels=LABELS)
+            for field, (name, text) in SIGNAL_METRICS.items()
+        }
+        missing = GaugeMetricFamily(
+            PREFIX + "signal_missing",
+            "1 while a signal field is missing (no data is never read as zero)",
+            labels=[*LABELS, "field"],
+        )
         count = 0
         for d in self._decisions():
             count += 1
@@ -88,7 +110,16 @@ class DecisionCollector(Collector):
             ):
                 if value is not None:
                     families[key].add_metric(labels, value)
+            if d.signal is not None:
+                for field, family in signals.items():
+                    value = getattr(d.signal, field)
+                    if value is None:
+                        missing.add_metric([*labels, field], 1.0)
+                    else:
+                        family.add_metric(labels, float(value))
         yield from families.values()
+        yield from signals.values()
+        yield missing
         workloads = GaugeMetricFamily(PREFIX + "workloads", "Workloads with a decision")
         workloads.add_metric([], count)
         yield workloads

