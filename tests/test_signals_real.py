@@ -273,13 +273,13 @@ async def test_warm_start_from_prometheus_history_matches_a_running_replica(
             "targetConcurrency": "8",
             "scaleDownStabilizationSeconds": "120",
         }
-        first, first_client = await start_server(FAST)
+        _, first_client = await start_server(FAST)
         assert (await first_client.evaluate(ref("m", metadata))).value == 10.0
         await asyncio.sleep(3)  # Prometheus records the burst
         pod.body = body.format(8)
         await asyncio.sleep(1)
         second, second_client = await start_server(FAST)
-        without_history, no_history_client = await start_server(FAST)
+        _, no_history_client = await start_server(FAST)
         late = await second_client.evaluate(ref("m", metadata))
         assert late.value == 10.0  # held by stabilization over the replayed history
         assert latest(second, "m").reason.value == "stabilization"
