@@ -455,6 +455,7 @@ def test_example_scaledobjects_point_at_the_scaler_and_agree_with_their_spec() -
     assert {o["metadata"]["name"] for o in objects} == {
         "llama-3-8b",
         "resnet50",
+        "qwen-7b",
         "synthetic-demo",
     }
     for obj in objects:
@@ -489,8 +490,10 @@ def test_example_scaledobjects_point_at_the_scaler_and_agree_with_their_spec() -
 def test_example_trigger_metadata_parses_with_scaler_schema() -> None:
     from scaler.config import load_config_text
     from scaler.trigger import parse_trigger
+    from scaler.workload import resolve
 
-    profiles = load_config_text(_config_text()).profiles
+    config = load_config_text(_config_text())
+    profiles = config.profiles
     checked = 0
     for obj in _scaled_objects():
         namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
@@ -498,8 +501,10 @@ def test_example_trigger_metadata_parses_with_scaler_schema() -> None:
             if trigger["type"] not in EXTERNAL_TRIGGERS:
                 continue
             metadata = dict(trigger["metadata"])
-            parse_trigger(namespace, name, metadata)
+            trigger_spec = parse_trigger(namespace, name, metadata)
             if "profile" in metadata:
                 assert metadata["profile"] in profiles, (name, metadata["profile"])
+            # Valid together with the shipped ConfigMap too (profile queries, signal source).
+            resolve(trigger_spec, config)
             checked += 1
-    assert checked == 3
+    assert checked == 4

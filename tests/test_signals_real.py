@@ -286,3 +286,54 @@ async def test_warm_start_from_prometheus_history_matches_a_running_replica(
         assert (await first_client.evaluate(ref("m", metadata))).value == 10.0
         blind = {k: v for k, v in metadata.items() if k != "serverAddress"}
         assert (await no_history_client.evaluate(ref("m", blind))).value == 1.0
+
+
+SGLANG = """# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{{model_name="qwen",engine_type="unified",tp_rank="0"}} {queue}
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{{model_name="qwen",engine_type="unified",tp_rank="0"}} 6
+# TYPE sglang:token_usage gauge
+sglang:token_usage{{model_name="qwen",engine_type="unified",tp_rank="0"}} 0.42
+"""
+
+
+async def test_custom_backend_with_the_shipped_sglang_profile(start_prometheus, start_server):
+    """The worked SGLang example of deploy/base/configmap.yaml, end to end."""
+    import yaml
+
+    from scaler.config import load_config_text
+    from scaler.config_watch import ConfigStore
+
+    shipped = yaml.safe_load((Path(__file__).parents[1] / "deploy/base/configmap.yaml").read_text())
+    config = load_config_text(shipped["data"]["config.yaml"])
+    config = Config(
+        defaults=config.defaults,
+        profiles=config.profiles,
+        server=ServerSettings(evaluation_interval_s=0.2, first_decision_timeout_s=15.0),
+    )
+    with MetricsEndpoint(SGLANG.format(queue=26)) as pod:
+        prom = await asyncio.to_thread(
+            start_prometheus,
+            {"qwen": [pod.target]},
+            0.5,
+            {"namespace": "team-a", "service": "qwen"},
+        )
+        await asyncio.to_thread(prom.wait_for_series, "sglang:num_queue_reqs", 30)
+        server, client = await start_server(store=ConfigStore(config))
+        so = ref(
+            "qwen",
+            {
+                "backend": "custom",
+                "profile": "sglang",  # targetConcurrency 16 and the PromQL
+                "serverAddress": prom.url,
+                "model": "qwen",
+                "labelSelector": 'service="qwen"',
+                "queryIntervalSeconds": "0",
+            },
+        )
+        assert (await client.evaluate(so)).value == 2.0  # (26 + 6) / 16
+        decision = latest(server, "qwen")
+        assert decision.signal.waiting == 26 and decision.signal.running == 6
+        assert decision.signal.kv_cache_usage == pytest.approx(0.42)
+        pod.body = SGLANG.format(queue=58)
+        await wait_decision(server, "qwen", lambda d: d.replicas == 4, 10)  # (58 + 6) / 16
