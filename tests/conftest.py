@@ -35,7 +35,7 @@ def synthetic(**overrides: str) -> dict[str, str]:
 
 
 # Real servers (Prometheus, Triton, vLLM) started by the tests; see tests/servers/.
-pytest_plugins = ["tests.servers.prometheus", "tests.servers.triton"]
+pytest_plugins = ["tests.servers.prometheus", "tests.servers.triton", "tests.servers.vllm"]
 
 ServerFactory = Callable[..., Any]
 

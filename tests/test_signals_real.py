@@ -17,6 +17,7 @@ from scaler.server import ScalerServer
 from tests.conftest import ref
 from tests.servers.prometheus import MetricsEndpoint, sample_value
 from tests.servers.triton import TritonServer, triton_load
+from tests.servers.vllm import MODEL_NAME, VllmServer, vllm_load
 
 pytestmark = [pytest.mark.real_servers, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -337,3 +338,64 @@ async def test_custom_backend_with_the_shipped_sglang_profile(start_prometheus, 
         assert decision.signal.kv_cache_usage == pytest.approx(0.42)
         pod.body = SGLANG.format(queue=58)
         await wait_decision(server, "qwen", lambda d: d.replicas == 4, 10)  # (58 + 6) / 16
+
+
+async def test_vllm_queue_by_both_sources_raises_the_target(
+    vllm_server: VllmServer, start_prometheus, start_server
+):
+    """Real vLLM under 16 concurrent completions (max-num-seqs 2): the queue shows through
+    direct scrape within a second and through Prometheus within one scrape interval."""
+    prom = await asyncio.to_thread(
+        start_prometheus, {"vllm": [vllm_server.metrics_target]}, 1.0, {"namespace": "team-a"}
+    )
+    await asyncio.to_thread(prom.wait_for_series, "vllm:num_requests_waiting", 30)
+    server, client = await start_server(FAST)
+    common = {"backend": "vllm", "model": MODEL_NAME, "targetConcurrency": "4", "maxReplicas": "20"}
+    direct = ref("direct", {**common, "scrapeTargets": vllm_server.metrics_target})
+    through_prom = ref("prom", {**common, "serverAddress": prom.url, "queryIntervalSeconds": "0"})
+    before = [(await client.evaluate(so)).value for so in (direct, through_prom)]
+    assert before == [1.0, 1.0]  # idle but not yet idle for the whole window: one replica
+    stop = asyncio.Event()
+    load = asyncio.create_task(vllm_load(vllm_server.url, concurrency=16, duration_s=90, stop=stop))
+    try:
+        async with httpx.AsyncClient(timeout=2, trust_env=False) as http:
+            queue_seen_at = None
+            deadline = time.monotonic() + 60
+            while queue_seen_at is None and time.monotonic() < deadline:
+                text = (await http.get(vllm_server.metrics_url)).text
+                waiting = sum(
+                    s.value
+                    for f in text_string_to_metric_families(text)
+                    for s in f.samples
+                    if s.name == "vllm:num_requests_waiting"
+                )
+                if waiting >= 8:
+                    queue_seen_at = time.monotonic()
+                await asyncio.sleep(0.02)
+        assert queue_seen_at is not None, "vLLM never queued under 16 clients"
+        decision = await wait_decision(
+            server, "direct", lambda d: d.signal is not None and (d.signal.waiting or 0) >= 1, 5
+        )
+        assert time.monotonic() - queue_seen_at <= 1.0
+        assert decision.signal.source == "scrape"
+        query = "sum(vllm:num_requests_waiting)"
+        await asyncio.to_thread(
+            prom.wait_until, query, lambda r: bool(r) and sample_value(r) >= 1, 30, 0.05
+        )
+        stored_at = time.monotonic()
+        await wait_decision(
+            server, "prom", lambda d: d.signal is not None and (d.signal.waiting or 0) >= 1, 5
+        )
+        assert time.monotonic() - stored_at <= prom.scrape_interval_s
+        raised = [(await client.evaluate(so)).value for so in (direct, through_prom)]
+        assert all(value > 1.0 for value in raised), raised
+        decision = await wait_decision(
+            server,
+            "direct",
+            lambda d: d.signal is not None and d.signal.kv_cache_usage is not None,
+            5,
+        )
+        assert 0.0 <= decision.signal.kv_cache_usage <= 1.0
+    finally:
+        stop.set()
+        await load

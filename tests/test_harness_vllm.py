@@ -1,0 +1,98 @@
+"""The real vLLM harness shows the queue signals the scaler reads.
+
+Needs `.venv-vllm` and the tiny model (`bash tests/servers/install_vllm.sh`); run with
+`.venv/bin/pytest -p tests.servers.vllm tests/test_harness_vllm.py`. Each server takes about a
+minute to start; every load and poll below is bounded in time and count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.servers.vllm import VllmServer, vllm_load
+
+pytestmark = [pytest.mark.real_servers, pytest.mark.slow]
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
+KV_PRESSURE_ARGS = ["--num-gpu-blocks-override", "5", "--max-num-seqs", "4"]
+
+
+async def scrape(client: httpx.AsyncClient, metrics_url: str) -> dict[str, float]:
+    """Every sample in vLLM's /metrics, summed over labels, by sample name."""
+    response = await client.get(metrics_url)
+    response.raise_for_status()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
+
+
+@pytest.mark.timeout(420)
+async def test_waiting_queue_builds_under_concurrent_load(vllm_server: VllmServer) -> None:
+    stop = asyncio.Event()
+    load = asyncio.create_task(
+        vllm_load(vllm_server.url, concurrency=16, max_tokens=64, duration_s=90, stop=stop)
+    )
+    seen: list[tuple[float, float]] = []
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            for _ in range(240):  # at most ~60 s
+                metrics = await scrape(client, vllm_server.metrics_url)
+                seen.append((metrics.get(WAITING, -1.0), metrics.get(RUNNING, -1.0)))
+                if seen[-1][0] >= 10 and seen[-1][1] == 2:
+                    break
+                if load.done():
+                    break
+                await asyncio.sleep(0.25)
+    finally:
+        stop.set()
+        ok, errors = await load
+
+    print(f"\nvLLM ready in {vllm_server.started_in_s:.0f} s; (waiting, running): {seen[-8:]}")
+    assert errors == 0, f"{errors} failed completions ({ok} ok)"
+    assert any(w >= 10 and r == 2 for w, r in seen), (
+        f"waiting never reached 10 with 2 running: {seen}"
+    )
+    assert max(r for _, r in seen) == 2  # --max-num-seqs 2 caps the running batch
+
+
+@pytest.mark.timeout(420)
+async def test_kv_cache_fills_with_few_blocks() -> None:
+    server = VllmServer(extra_args=KV_PRESSURE_ARGS)
+    await asyncio.to_thread(server.start)
+    try:
+        stop = asyncio.Event()
+        load = asyncio.create_task(
+            vllm_load(server.url, concurrency=16, max_tokens=64, duration_s=90, stop=stop)
+        )
+        usage: list[float] = []
+        preemptions = 0.0
+        try:
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                for _ in range(240):  # at most ~60 s
+                    metrics = await scrape(client, server.metrics_url)
+                    usage.append(metrics.get(KV_USAGE, -1.0))
+                    preemptions = metrics.get(PREEMPTIONS, 0.0)
+                    if usage[-1] >= 0.5 or load.done():
+                        break
+                    await asyncio.sleep(0.25)
+        finally:
+            stop.set()
+            ok, errors = await load
+    finally:
+        await asyncio.to_thread(server.stop)
+
+    print(
+        f"\nvLLM (KV pressure) ready in {server.started_in_s:.0f} s; KV usage max {max(usage):.2f}"
+        f" over {len(usage)} scrapes; preemptions {preemptions:.0f}"
+    )
+    assert errors == 0, f"{errors} failed completions ({ok} ok)"
+    assert max(usage) >= 0.5, f"KV cache usage stayed low: {usage}"
