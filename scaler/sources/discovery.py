@@ -55,7 +55,11 @@ class EndpointSliceDiscovery:
                 f"{exc.status} {exc.reason}"
             ) from None
         except (HTTPError, OSError, ValueError) as exc:
-            raise SourceError(f"kubernetes API unreachable: {exc}"[:300]) from None
+            cause = getattr(exc, "reason", None) or exc
+            raise SourceError(
+                f"kubernetes API unreachable listing EndpointSlices of {namespace}/{service}: "
+                f"{cause}"[:300]
+            ) from None
         addresses: list[str] = []
         for item in slices.items or []:
             for endpoint in item.endpoints or []:

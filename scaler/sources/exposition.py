@@ -33,25 +33,55 @@ class Scrape:
         return {name for name, _ in self.samples}
 
 
+def _collect(text: str, scrape: Scrape, dropped: Counter[str]) -> None:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            value = float(sample.value)
+            if not math.isfinite(value):
+                dropped[f"non-finite value in {sample.name}"] += 1
+            elif value < 0:
+                dropped[f"negative value in {sample.name}"] += 1
+            else:
+                series = (sample.name, frozenset(sample.labels.items()))
+                if series in scrape.samples:
+                    dropped[f"duplicate series {sample.name}"] += 1
+                else:
+                    scrape.samples[series] = value
+
+
+def _parses(text: str) -> bool:
+    try:
+        for _ in text_string_to_metric_families(text):
+            pass
+    except ValueError:
+        return False
+    return True
+
+
 def parse(text: str) -> Scrape:
     scrape = Scrape()
     dropped: Counter[str] = Counter()
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                value = float(sample.value)
-                if not math.isfinite(value):
-                    dropped[f"non-finite value in {sample.name}"] += 1
-                elif value < 0:
-                    dropped[f"negative value in {sample.name}"] += 1
-                else:
-                    series = (sample.name, frozenset(sample.labels.items()))
-                    if series in scrape.samples:
-                        dropped[f"duplicate series {sample.name}"] += 1
-                    else:
-                        scrape.samples[series] = value
+        _collect(text, scrape, dropped)
     except ValueError as exc:
-        scrape.problems.append(f"unparsable metrics text, kept what came before: {exc}"[:300])
+        # The parser yields a family only when the next begins, so the error costs the family in
+        # progress too. Keep the longest prefix of whole lines that parses (bisection: only on
+        # this error path) and name the first bad line.
+        lines = text.splitlines(keepends=True)
+        good, bad = 0, len(lines)
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            good, bad = (middle, bad) if _parses("".join(lines[:middle])) else (good, middle)
+        scrape.samples.clear()
+        dropped.clear()
+        _collect("".join(lines[:good]), scrape, dropped)
+        scrape.problems.append(
+            f"unparsable metrics text at line {good + 1}, kept the {good} lines before it: {exc}"[
+                :300
+            ]
+        )
+    if not scrape.samples and not scrape.problems and not dropped:
+        scrape.problems.append("no samples in metrics text")
     scrape.problems += [f"{reason} (x{count})" for reason, count in sorted(dropped.items())]
     return scrape
 

@@ -13,11 +13,12 @@ import asyncio
 import math
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests import RequestException
+from requests import RequestException, Timeout
 from urllib3.util.retry import Retry
 
 from scaler.signals import Signal
@@ -122,6 +123,22 @@ def _age_query(
     return None
 
 
+def _cause(exc: RequestException, timeout_s: float) -> str:
+    """What went wrong, without the URL-encoded query that requests puts in its message."""
+    reason: BaseException = exc
+    for _ in range(5):  # requests -> urllib3 MaxRetryError -> the underlying error
+        inner = getattr(reason, "reason", None) or (reason.args[0] if reason.args else None)
+        if not isinstance(inner, BaseException) or inner is reason:
+            break
+        reason = inner
+    text = str(reason)
+    if isinstance(exc, Timeout) or "timed out" in text.lower():
+        return f"timed out after {timeout_s:g}s"
+    if "refused" in text.lower():
+        return "connection refused"
+    return f"{type(reason).__name__}: {text.split(' (Caused by')[0]}"[:200]
+
+
 def _scalar(result: object) -> float:
     """The single value of an aggregated instant-query result; raises ValueError otherwise."""
     if not isinstance(result, list):
@@ -142,15 +159,19 @@ class PrometheusSource:
     def __init__(self, url: str) -> None:
         self.url = url
         self._client = PrometheusConnect(url=url, retry=RETRY, disable_ssl=False)
+        # Its own threads (requests is blocking): a hung Prometheus must not queue every query of
+        # every workload behind asyncio's small default pool.
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="prometheus")
         self._cache: dict[str, tuple[float, Signal]] = {}
 
     async def _query(self, query: str, timeout_s: float) -> float:
+        loop = asyncio.get_running_loop()
         try:
-            result = await asyncio.to_thread(self._client.custom_query, query, None, timeout_s)
+            result = await loop.run_in_executor(
+                self._pool, self._client.custom_query, query, None, timeout_s
+            )
         except RequestException as exc:
-            raise ConnectionError(
-                f"prometheus at {self.url}: {type(exc).__name__}: {exc}"[:300]
-            ) from None
+            raise ConnectionError(f"prometheus at {self.url}: {_cause(exc, timeout_s)}") from None
         except PrometheusApiClientException as exc:
             raise ValueError(f"prometheus at {self.url} answered {exc}"[:300]) from None
         except (KeyError, TypeError, IndexError, ValueError) as exc:  # not the JSON it should be
@@ -231,7 +252,9 @@ class PrometheusSource:
 
         for field, expr in exprs.items():
             try:
-                result = await asyncio.to_thread(fetch, render(expr, spec, matchers))
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, fetch, render(expr, spec, matchers)
+                )
             except (
                 RequestException,
                 PrometheusApiClientException,

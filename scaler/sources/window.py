@@ -223,8 +223,13 @@ class _Eval:
         buckets: dict[float, float] = {}
         for key, increase in increases.items():
             le = next((part[3:] for part in key[1:] if part.startswith("le=")), None)
-            if le is not None:
+            if le is None:
+                continue
+            try:
                 bound = math.inf if le in ("+Inf", "Inf") else float(le)
+            except ValueError:
+                continue  # a bucket bound that is not a number cannot be placed: skip it
+            if not math.isnan(bound):
                 buckets[bound] = buckets.get(bound, 0.0) + increase
         value = histogram_quantile(quantile.q, buckets.items())
         if value is None:

@@ -1,0 +1,475 @@
+"""The Prometheus source: catalog expressions rendered as PromQL, and reads against a fake
+Prometheus HTTP API on 127.0.0.1 that answers each rendered query as the test says."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.server
+import json
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from scaler.config import Config
+from scaler.sources import SourceError
+from scaler.sources.catalog import CATALOGS, SIGNAL_FIELDS, signal_exprs
+from scaler.sources.prometheus import PrometheusSource, matchers_for, render
+from scaler.trigger import parse_trigger
+from scaler.workload import WorkloadSpec, resolve
+
+SELECTOR = 'service="llama",pod=~"llama-.*"'
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loopback traffic never goes through a proxy from the environment (requests reads it)."""
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+
+def make_spec(backend: str = "vllm", url: str = "http://127.0.0.1:1", **extra: str) -> WorkloadSpec:
+    metadata = {
+        "backend": backend,
+        "model": "m",
+        "serverAddress": url,
+        "labelSelector": SELECTOR,
+        **extra,
+    }
+    return resolve(parse_trigger("team-a", "llama", metadata), Config())
+
+
+def rendered(spec: WorkloadSpec) -> dict[str, str]:
+    backend = spec.trigger.backend
+    matchers = matchers_for(spec, CATALOGS[backend].model_label)
+    return {
+        field: render(expr, spec, matchers)
+        for field, expr in signal_exprs(backend, spec.queries).items()
+    }
+
+
+# --- render --------------------------------------------------------------------------------------
+
+MODEL_MATCHER = {"vllm": 'model_name="m"', "triton": 'model="m"'}
+
+
+@pytest.mark.parametrize("backend", ["vllm", "triton"])
+def test_every_selector_carries_model_namespace_and_label_selector(backend: str) -> None:
+    queries = rendered(make_spec(backend))
+    assert set(queries) == set(CATALOGS[backend].signals)
+    for field, query in queries.items():
+        selectors = re.findall(r"\{([^{}]*)\}", query)
+        assert selectors, (field, query)
+        for selector in selectors:
+            assert MODEL_MATCHER[backend] in selector, (field, query)
+            assert 'namespace="team-a"' in selector, (field, query)
+            assert 'service="llama"' in selector, (field, query)
+            assert 'pod=~"llama-.*"' in selector, (field, query)
+
+
+def test_vllm_queries() -> None:
+    q = rendered(make_spec("vllm"))
+    sel = 'model_name="m",namespace="team-a",service="llama",pod=~"llama-.*"'
+    # Both spellings of every vLLM name, joined with `or`.
+    assert q["waiting"] == (
+        f"(sum(vllm:num_requests_waiting{{{sel}}}) or sum(vllm_num_requests_waiting{{{sel}}}))"
+    )
+    assert q["running"] == (
+        f"(sum(vllm:num_requests_running{{{sel}}}) or sum(vllm_num_requests_running{{{sel}}}))"
+    )
+    assert q["ready_pods"].startswith(f"(count(vllm:num_requests_waiting{{{sel}}}) or ")
+    # Arrivals: completions + in-flight growth, clamped at 0; the growth terms are optional.
+    arrival = q["arrival_rate"]
+    assert arrival.startswith("clamp_min(") and arrival.endswith(", 0)")
+    assert f"sum(rate(vllm:request_success_total{{{sel}}}[60s]))" in arrival
+    assert f"sum(rate(vllm_request_success_total{{{sel}}}[60s]))" in arrival
+    assert f"sum(deriv(vllm:num_requests_waiting{{{sel}}}[60s]))" in arrival
+    assert f"sum(deriv(vllm:num_requests_running{{{sel}}}[60s]))" in arrival
+    assert arrival.count("or vector(0)") == 2
+    # Mean queue time: rate(sum) / rate(count).
+    mean = q["queue_time_mean_s"]
+    assert f"sum(rate(vllm:request_queue_time_seconds_sum{{{sel}}}[60s]))" in mean
+    assert ") / (" in mean
+    assert f"sum(rate(vllm:request_queue_time_seconds_count{{{sel}}}[60s]))" in mean
+    # Quantiles from buckets, summed by le.
+    for field, base in (
+        ("queue_time_p99_s", "request_queue_time_seconds"),
+        ("ttft_p99_s", "time_to_first_token_seconds"),
+    ):
+        for name in (f"vllm:{base}", f"vllm_{base}"):
+            assert (
+                f"histogram_quantile(0.99, sum by (le) (rate({name}_bucket{{{sel}}}[60s])))"
+                in q[field]
+            )
+    # KV cache: the hottest pod, under both the current and the pre-0.9.2 names.
+    for name in (
+        "vllm:kv_cache_usage_perc",
+        "vllm_kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+    ):
+        assert f"max({name}{{{sel}}})" in q["kv_cache_usage"]
+
+
+def test_triton_queries() -> None:
+    q = rendered(make_spec("triton"))
+    sel = 'model="m",namespace="team-a",service="llama",pod=~"llama-.*"'
+    assert q["waiting"] == f"sum(nv_inference_pending_request_count{{{sel}}})"
+    assert q["ready_pods"] == f"count(nv_inference_pending_request_count{{{sel}}})"
+    # Compute microseconds per second = requests in compute.
+    assert f"sum(rate(nv_inference_compute_infer_duration_us{{{sel}}}[60s]))" in q["running"]
+    assert q["running"].endswith("* 1e-06)")
+    # Arrivals: successes + failures, the failure counter optional.
+    arrival = q["arrival_rate"]
+    assert f"sum(rate(nv_inference_request_success{{{sel}}}[60s]))" in arrival
+    assert f"sum(rate(nv_inference_request_failure{{{sel}}}[60s]))" in arrival
+    assert arrival.endswith("or vector(0))")
+    assert "clamp_min" not in arrival
+    mean = q["queue_time_mean_s"]
+    assert f"sum(rate(nv_inference_queue_duration_us{{{sel}}}[60s]))" in mean
+    assert ") / (" in mean
+    p99 = q["queue_time_p99_s"]
+    assert p99 == f'(max(nv_inference_queue_summary_us{{{sel},quantile="0.99"}}) * 1e-06)'
+    assert q["ttft_p99_s"] == (
+        "(histogram_quantile(0.99, sum by (le) "
+        f"(rate(nv_inference_first_response_histogram_ms_bucket{{{sel}}}[60s]))) * 0.001)"
+    )
+
+
+@pytest.mark.parametrize("backend", ["vllm", "triton"])
+def test_the_rate_window_follows_rate_window_seconds(backend: str) -> None:
+    queries = rendered(make_spec(backend, rateWindowSeconds="90"))
+    ranged = [q for q in queries.values() if "rate(" in q or "deriv(" in q]
+    assert ranged
+    for query in ranged:
+        assert "[90s]" in query
+        assert "[60s]" not in query
+
+
+def test_label_values_with_quotes_and_backslashes_are_escaped() -> None:
+    spec = make_spec("vllm", labelSelector=r'team="a\"b\\c"')
+    assert spec.trigger.label_selector == (("team", "=", 'a"b\\c'),)
+    waiting = rendered(spec)["waiting"]
+    assert r'team="a\"b\\c"' in waiting
+    # Every quote inside the selectors is escaped: the selector still ends where it should.
+    assert 'sum(vllm:num_requests_waiting{model_name="m",namespace="team-a",team="a' in waiting
+
+
+def test_namespace_label_none_drops_the_namespace_matcher() -> None:
+    for query in rendered(make_spec("vllm", namespaceLabel="none")).values():
+        assert "namespace=" not in query
+        assert 'model_name="m"' in query
+
+
+def test_a_custom_namespace_label() -> None:
+    for query in rendered(make_spec("triton", namespaceLabel="kubernetes_namespace")).values():
+        assert 'kubernetes_namespace="team-a"' in query
+        assert ',namespace="' not in query
+
+
+def test_a_promql_override_substitutes_selector_and_model() -> None:
+    spec = make_spec("vllm", waitingQuery='sum(my_queue_depth{$selector, served_model="$model"})')
+    q = rendered(spec)
+    assert q["waiting"] == (
+        'sum(my_queue_depth{model_name="m",namespace="team-a",service="llama",pod=~"llama-.*", '
+        'served_model="m"})'
+    )
+    # The other signals keep the built-in queries.
+    assert q["running"].startswith("(sum(vllm:num_requests_running{")
+
+
+# --- a fake Prometheus HTTP API ------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    """How the fake answers one query."""
+
+    status: int = 200
+    body: bytes = b""
+    delay_s: float = 0.0
+
+
+def vector(*values: float | str) -> Answer:
+    result = [
+        {"metric": {"pod": f"p{i}"}, "value": [time.time(), str(v)]} for i, v in enumerate(values)
+    ]
+    doc = {"status": "success", "data": {"resultType": "vector", "result": result}}
+    return Answer(body=json.dumps(doc).encode())
+
+
+class FakePrometheus:
+    """`GET /api/v1/query` on 127.0.0.1:<free port>, in a thread. `answer(query)` decides."""
+
+    def __init__(self, answer: Callable[[str], Answer]) -> None:
+        self.answer = answer
+        self.queries: list[str] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                query = urllib.parse.parse_qs(url.query).get("query", [""])[0]
+                with fake._lock:
+                    fake.queries.append(query)
+                reply = fake.answer(query) if url.path == "/api/v1/query" else Answer(404)
+                if reply.delay_s and fake._stopping.wait(reply.delay_s):
+                    return
+                with contextlib.suppress(OSError):
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(reply.body)))
+                    self.end_headers()
+                    self.wfile.write(reply.body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.port = int(self._httpd.server_address[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def requests(self) -> int:
+        with self._lock:
+            return len(self.queries)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def prometheus() -> Iterator[Callable[[Callable[[str], Answer]], FakePrometheus]]:
+    started: list[FakePrometheus] = []
+
+    def start(answer: Callable[[str], Answer]) -> FakePrometheus:
+        server = FakePrometheus(answer)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+GOOD = {
+    "waiting": 14.0,
+    "running": 2.0,
+    "arrival_rate": 3.5,
+    "queue_time_mean_s": 1.25,
+    "queue_time_p99_s": 4.5,
+    "ttft_p99_s": 0.8,
+    "kv_cache_usage": 0.75,
+    "ready_pods": 2.0,
+}
+
+
+def answers(
+    spec: WorkloadSpec, special: dict[str, Answer] | None = None
+) -> Callable[[str], Answer]:
+    """Each rendered query answered with GOOD (or its `special` answer); the sample-age query with
+    a fresh timestamp; anything else with HTTP 400 (a query we did not expect)."""
+    by_query = {query: field for field, query in rendered(spec).items()}
+    special = special or {}
+
+    def answer(query: str) -> Answer:
+        field = by_query.get(query)
+        if field is None:
+            if query.startswith("max(timestamp("):
+                return special.get("_newest") or vector(time.time())
+            return Answer(400, b'{"status":"error","error":"unexpected query"}')
+        return special.get(field) or vector(GOOD[field])
+
+    return answer
+
+
+async def read(source: PrometheusSource, spec: WorkloadSpec, at: float = 1000.0) -> Any:
+    """One read, bounded: the read's own deadline plus slack."""
+    return await asyncio.wait_for(source.read(spec, at), timeout=spec.read_deadline_s + 10)
+
+
+async def test_good_answers_give_every_value(prometheus: Any) -> None:
+    server, spec = await start_with(prometheus, {})
+    signal = await read(PrometheusSource(server.url), spec)
+    for field in SIGNAL_FIELDS:
+        assert getattr(signal, field) == pytest.approx(GOOD[field]), field
+    assert signal.ready_pods == 2
+    assert signal.source == "prometheus"
+    assert signal.reasons == ()
+    assert signal.age_s is not None and 0 <= signal.age_s < 30
+    # One query per signal plus the sample-age query; all scoped to the deployment.
+    assert len(server.queries) == len(SIGNAL_FIELDS) + 1
+    assert all('model_name="m"' in q for q in server.queries)
+
+
+def spec_with(server: FakePrometheus, backend: str = "vllm", **extra: str) -> WorkloadSpec:
+    return make_spec(backend, server.url, **extra)
+
+
+async def start_with(
+    prometheus: Any, special: dict[str, Answer], backend: str = "vllm", **extra: str
+) -> tuple[FakePrometheus, WorkloadSpec]:
+    """A fake whose answers are keyed by the queries of the spec that points at it."""
+    holder: dict[str, Callable[[str], Answer]] = {}
+    server = prometheus(lambda query: holder["answer"](query))
+    spec = spec_with(server, backend, **extra)
+    holder["answer"] = answers(spec, special)
+    return server, spec
+
+
+async def test_no_series_leaves_the_field_missing_with_a_reason(prometheus: Any) -> None:
+    server, spec = await start_with(prometheus, {"waiting": vector()})
+    signal = await read(PrometheusSource(server.url), spec)
+    assert signal.waiting is None
+    assert signal.running == 2.0
+    reason = next(r for r in signal.reasons if r.startswith("waiting:"))
+    assert "no series" in reason
+
+
+FAILURES = {
+    "http-500": (Answer(500, b'{"status":"error","error":"boom"}'), "500"),
+    "garbage-json": (Answer(200, b"<html>not json"), "JSONDecodeError"),
+    "no-result": (Answer(200, b'{"data": {}}'), "answered garbage"),
+    "nan": (vector("NaN"), "non-finite"),
+    "two-series": (vector(1, 2), "2 series"),
+}
+
+
+@pytest.mark.parametrize("kind", list(FAILURES))
+async def test_a_bad_answer_leaves_that_field_missing_with_a_reason(
+    prometheus: Any, kind: str
+) -> None:
+    answer, says = FAILURES[kind]
+    server, spec = await start_with(prometheus, {"waiting": answer})
+    signal = await read(PrometheusSource(server.url), spec)
+    assert signal.waiting is None
+    assert signal.running == 2.0
+    assert signal.arrival_rate == 3.5
+    reasons = [r for r in signal.reasons if r.startswith("waiting:")]
+    assert len(reasons) == 1
+    assert says in reasons[0]
+    assert "vllm:num_requests_waiting" in reasons[0]  # the reason shows the query
+
+
+async def test_when_every_query_fails_the_read_fails(prometheus: Any) -> None:
+    server = prometheus(lambda query: Answer(500, b'{"status":"error","error":"down"}'))
+    spec = spec_with(server)
+    with pytest.raises(SourceError) as caught:
+        await read(PrometheusSource(server.url), spec)
+    assert "500" in str(caught.value)
+
+
+async def test_a_stale_newest_sample_fails_the_read(prometheus: Any) -> None:
+    """Prometheus answers, but its newest sample is 10 minutes old: a dead scrape, not data."""
+    server, spec = await start_with(
+        prometheus, {"_newest": vector(time.time() - 600)}, maxSampleAgeSeconds="60"
+    )
+    with pytest.raises(SourceError) as caught:
+        await read(PrometheusSource(server.url), spec)
+    assert "newest sample" in str(caught.value)
+
+
+async def slow_read(prometheus: Any) -> Any:
+    """`waiting` and `running` take 8 s against a 0.5 s query timeout; the rest answer at once."""
+    slow = Answer(delay_s=8.0)
+    server, spec = await start_with(
+        prometheus, {"waiting": slow, "running": slow}, queryTimeoutSeconds="0.5"
+    )
+    started = time.monotonic()
+    signal = await read(PrometheusSource(server.url), spec)
+    return signal, time.monotonic() - started
+
+
+async def test_a_slow_query_leaves_its_field_missing_in_bounded_time(prometheus: Any) -> None:
+    signal, elapsed = await slow_read(prometheus)
+    assert elapsed < 3 * 0.5 + 2
+    assert signal.waiting is None and signal.running is None
+    assert signal.arrival_rate == 3.5
+    assert signal.kv_cache_usage == 0.75
+    assert any(r.startswith("waiting:") for r in signal.reasons)
+
+
+async def test_a_slow_query_reason_says_it_timed_out(prometheus: Any) -> None:
+    """The operator must be able to tell a timeout from a refused connection. requests reports a
+    retried read timeout as `ConnectionError: ... Max retries exceeded with url: <the whole
+    URL-encoded query> (Caused by ReadTimeoutError(...))`, and the 300-character cut drops the
+    cause."""
+    signal, _ = await slow_read(prometheus)
+    reason = next(r for r in signal.reasons if r.startswith("waiting:"))
+    assert "timed out" in reason.lower() or "timeout" in reason.lower(), reason
+
+
+async def test_a_hung_prometheus_fails_the_read_in_bounded_time(prometheus: Any) -> None:
+    server = prometheus(lambda query: Answer(delay_s=8.0))
+    spec = spec_with(server, queryTimeoutSeconds="0.5")
+    started = time.monotonic()
+    with pytest.raises(SourceError):
+        await read(PrometheusSource(server.url), spec)
+    assert time.monotonic() - started < 3 * 0.5 + 2
+
+
+async def test_connection_refused_fails_the_read_naming_the_url() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    spec = make_spec("vllm", url)
+    started = time.monotonic()
+    with pytest.raises(SourceError) as caught:
+        await read(PrometheusSource(url), spec)
+    assert time.monotonic() - started < 10
+    assert url in str(caught.value)
+
+
+async def test_reads_within_query_interval_reuse_the_last_answer(prometheus: Any) -> None:
+    values = {"waiting": 14.0}
+    holder: dict[str, Callable[[str], Answer]] = {}
+    server = prometheus(lambda query: holder["answer"](query))
+    spec = spec_with(server, queryIntervalSeconds="5")
+
+    def answer(query: str) -> Answer:
+        base = answers(spec)(query)
+        if query == rendered(spec)["waiting"]:
+            return vector(values["waiting"])
+        return base
+
+    holder["answer"] = answer
+    source = PrometheusSource(server.url)
+    first = await read(source, spec, at=1000.0)
+    per_read = server.requests
+    assert first.waiting == 14.0
+    assert per_read == len(SIGNAL_FIELDS) + 1
+
+    values["waiting"] = 20.0
+    again = await read(source, spec, at=1004.9)
+    assert server.requests == per_read  # Prometheus was not asked
+    assert again.waiting == 14.0
+
+    later = await read(source, spec, at=1005.0)
+    assert server.requests == 2 * per_read
+    assert later.waiting == 20.0
+
+
+async def test_query_interval_zero_queries_every_read(prometheus: Any) -> None:
+    server, spec = await start_with(prometheus, {}, queryIntervalSeconds="0")
+    source = PrometheusSource(server.url)
+    await read(source, spec, at=1000.0)
+    await read(source, spec, at=1000.0)
+    assert server.requests == 2 * (len(SIGNAL_FIELDS) + 1)
