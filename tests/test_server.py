@@ -391,3 +391,11 @@ async def test_metrics_endpoint_shows_decisions(start_server):
     reason = tuple(sorted((*labels, ("reason", "current_need"))))
     assert samples[("queue_scaler_decision_reason", reason)] == 1.0
     assert samples[("queue_scaler_rpcs_total", (("code", "OK"), ("method", "GetMetrics")))] >= 1
+    # What it saw, next to what it decided: 6 req/s x 2 s running, 6 x 0.5 s waiting.
+    assert samples[("queue_scaler_signal_running_requests", labels)] == 12.0
+    assert samples[("queue_scaler_signal_waiting_requests", labels)] == 3.0
+    assert samples[("queue_scaler_signal_arrival_rate_requests_per_second", labels)] == 6.0
+    # Missing is reported as missing, never exported as 0.
+    assert ("queue_scaler_signal_ttft_p99_seconds", labels) not in samples
+    missing = tuple(sorted((*labels, ("field", "ttft_p99_s"))))
+    assert samples[("queue_scaler_signal_missing", missing)] == 1.0
