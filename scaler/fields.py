@@ -455,6 +455,33 @@ FIELDS: tuple[Field, ...] = (
         "In-flight requests (running + waiting) one replica should carry.",
     ),
     Field(
+        "serviceTimeSeconds",
+        Scope.TUNING,
+        real(0, 3600, lo_open=True),
+        None,
+        "a number of seconds > 0 and <= 3600",
+        "Mean time one request holds a slot. Unset: measured as running / arrival rate "
+        "(Little's law). Turns arrivals into replicas before a queue forms.",
+    ),
+    Field(
+        "queueTimeSloSeconds",
+        Scope.TUNING,
+        real(0, 3600, lo_open=True),
+        None,
+        "a number of seconds > 0 and <= 3600",
+        "Queue-time objective. While the measured queue time (p99, else mean) exceeds it, the "
+        "need is at least what serves arrivals and drains the queue within it. Unset: off.",
+    ),
+    Field(
+        "kvCacheTarget",
+        Scope.TUNING,
+        real(0, 1, lo_open=True),
+        0.9,
+        "a number > 0 and <= 1",
+        "KV-cache usage per pod to stay under; above it the need is raised in proportion "
+        "(memory-bound pods preempt before they reach targetConcurrency).",
+    ),
+    Field(
         "minReplicas",
         Scope.TUNING,
         integer(0, 10000),

@@ -6,7 +6,8 @@ and tests drive time explicitly.
 
 This release's rule (the forecast issue adds forecast, panic and cold-start terms on top):
 
-1. need = in-flight requests (running + waiting) / targetConcurrency   [replicas needed now]
+1. need = the capacity model's replicas needed now (`scaler.capacity`: concurrency, Little's law,
+   queue-time SLO and KV-cache terms, the largest wins)
 2. the target is ceil(need); it rises at once, and falls only to the highest need seen within
    scaleDownStabilizationSeconds (a removed GPU replica takes a cold start to come back);
 3. a workload with anything in flight or arriving in the last scaleToZeroIdleSeconds is active
@@ -23,6 +24,7 @@ import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from scaler import capacity
 from scaler.signals import Signal
 from scaler.workload import WorkloadSpec
 
@@ -102,12 +104,13 @@ def decide(
     stale_s: float,
     faults: tuple[str, ...] = (),
 ) -> tuple[Decision | None, PolicyState]:
-    in_flight = signal.in_flight if signal is not None else None
-    if signal is None or in_flight is None:
+    required = capacity.need(signal, spec.capacity) if signal is not None else None
+    if signal is None or required is None:
         reasons = faults + (signal.reasons if signal is not None else ())
-        return hold(state, at, stale_s, reasons or ("no in-flight signal",)), state
+        return hold(state, at, stale_s, reasons or ("no in-flight or arrival signal",)), state
 
-    need = in_flight / spec.target_concurrency
+    in_flight = signal.in_flight
+    need = required.replicas
     now_replicas = max(0, math.ceil(need - EPSILON))
     recent = _window_max_push(state.recent, at, now_replicas, at - spec.scale_down_stabilization_s)
     busy = bool(signal.busy)
@@ -119,10 +122,7 @@ def decide(
 
     target = recent[0][1]
     reason = Reason.CURRENT_NEED if target == now_replicas else Reason.STABILIZATION
-    detail = (
-        f"in_flight={in_flight:.2f} / targetConcurrency={spec.target_concurrency:g} "
-        f"-> need={need:.2f} -> {now_replicas}"
-    )
+    detail = f"{required.describe()} -> {now_replicas}"
     if reason is Reason.STABILIZATION:
         detail += f"; held at {target}, the highest in {spec.scale_down_stabilization_s:g}s"
     if idle:

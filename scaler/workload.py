@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from scaler.capacity import CapacitySpec
 from scaler.config import Config
 from scaler.fields import BY_KEY, TUNING_KEYS, FieldError, check_bounds
 from scaler.sources.catalog import CATALOGS, QUERY_KEYS
@@ -29,6 +30,7 @@ class ResolveError(ValueError):
 class WorkloadSpec:
     trigger: TriggerSpec
     target_concurrency: float
+    capacity: CapacitySpec
     min_replicas: int
     max_replicas: int
     cold_start_s: float
@@ -88,6 +90,12 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
     return WorkloadSpec(
         trigger=trigger,
         target_concurrency=merged["targetConcurrency"],
+        capacity=CapacitySpec(
+            target_concurrency=merged["targetConcurrency"],
+            service_time_s=merged["serviceTimeSeconds"],
+            queue_time_slo_s=merged["queueTimeSloSeconds"],
+            kv_cache_target=merged["kvCacheTarget"],
+        ),
         min_replicas=merged["minReplicas"],
         max_replicas=merged["maxReplicas"],
         cold_start_s=merged["coldStartSeconds"],

@@ -223,7 +223,7 @@ def test_max_replicas_cap_applies_to_a_stabilized_value() -> None:
 # --- fail static ------------------------------------------------------------------------------
 
 MISSING = [
-    pytest.param(None, (), ("no in-flight signal",), id="no-signal"),
+    pytest.param(None, (), ("no in-flight or arrival signal",), id="no-signal"),
     pytest.param(None, ("prometheus: timeout",), ("prometheus: timeout",), id="no-signal-fault"),
     pytest.param(
         Signal(

@@ -1,0 +1,79 @@
+"""The capacity model: each term on worked numbers, which term wins, and missing stays missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaler.capacity import CapacitySpec, need
+from scaler.signals import Signal
+
+
+def signal(**values: float | None) -> Signal:
+    return Signal(at=0.0, source="test", **values)  # type: ignore[arg-type]
+
+
+def test_concurrency_term():
+    found = need(signal(running=12, waiting=20), CapacitySpec(target_concurrency=8))
+    assert found is not None
+    assert (found.replicas, found.term) == (4.0, "concurrency")
+
+
+def test_littles_law_leads_the_queue_with_a_known_service_time():
+    # 10 req/s x 4 s each = 40 slots / 8 per replica = 5 replicas, while only 16 are in flight.
+    spec = CapacitySpec(target_concurrency=8, service_time_s=4.0)
+    found = need(signal(running=16, waiting=0, arrival_rate=10.0), spec)
+    assert found is not None
+    assert (found.replicas, found.term) == (5.0, "littles_law")
+    assert found.terms["concurrency"] == 2.0
+
+
+def test_measured_service_time_never_exceeds_the_concurrency_term():
+    found = need(
+        signal(running=16, waiting=4, arrival_rate=4.0), CapacitySpec(target_concurrency=8)
+    )
+    assert found is not None
+    assert found.terms["littles_law"] == pytest.approx(2.0)  # S = 16 / 4 = 4 s
+    assert found.term == "concurrency"
+
+
+def test_queue_slo_breach_adds_what_drains_the_queue_within_the_slo():
+    # p99 queue time 6 s > SLO 2 s: serve 10 req/s and drain 30 queued in 2 s -> 25 req/s,
+    # x S = 1 s / 4 per replica = 6.25 replicas.
+    spec = CapacitySpec(target_concurrency=4, service_time_s=1.0, queue_time_slo_s=2.0)
+    found = need(signal(running=8, waiting=30, arrival_rate=10.0, queue_time_p99_s=6.0), spec)
+    assert found is not None
+    assert (found.replicas, found.term) == (pytest.approx(9.5), "concurrency")  # 38 / 4
+    assert found.terms["queue_slo"] == pytest.approx(6.25)
+    fast = need(signal(running=8, waiting=30, arrival_rate=10.0, queue_time_p99_s=1.0), spec)
+    assert fast is not None and "queue_slo" not in fast.terms  # within the SLO: no term
+
+
+def test_queue_slo_term_wins_when_the_queue_is_long_and_slow():
+    spec = CapacitySpec(target_concurrency=16, service_time_s=2.0, queue_time_slo_s=1.0)
+    found = need(signal(running=16, waiting=40, arrival_rate=8.0, queue_time_mean_s=5.0), spec)
+    assert found is not None
+    assert found.term == "queue_slo"
+    assert found.replicas == pytest.approx((8.0 + 40 / 1.0) * 2.0 / 16)
+
+
+def test_kv_cache_pressure_raises_the_need():
+    spec = CapacitySpec(target_concurrency=16, kv_cache_target=0.8)
+    found = need(signal(running=8, waiting=0, kv_cache_usage=1.0, ready_pods=4), spec)
+    assert found is not None
+    assert (found.replicas, found.term) == (5.0, "kv_cache")  # 4 pods x 1.0 / 0.8
+    calm = need(signal(running=8, waiting=0, kv_cache_usage=0.5, ready_pods=4), spec)
+    assert calm is not None and calm.term == "concurrency"
+
+
+def test_missing_is_missing():
+    assert need(signal(), CapacitySpec(target_concurrency=8)) is None
+    only_arrivals = need(signal(arrival_rate=3.0), CapacitySpec(target_concurrency=8))
+    assert only_arrivals is None  # no service time known: arrivals alone give no replicas
+    with_s = need(signal(arrival_rate=3.0), CapacitySpec(target_concurrency=8, service_time_s=8))
+    assert with_s is not None and with_s.replicas == 3.0
+
+
+def test_tiny_arrival_rate_does_not_blow_up_the_service_time():
+    found = need(signal(running=2.0, waiting=0.0, arrival_rate=1e-300), CapacitySpec(0.1))
+    assert found is not None
+    assert found.replicas == 20.0 and "littles_law" not in found.terms
