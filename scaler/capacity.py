@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from scaler.signals import Signal
 
-
 MIN_RATE = 1e-3  # req/s; below it running / arrival_rate says nothing about service time
 
 

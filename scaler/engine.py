@@ -231,12 +231,17 @@ class Engine:
             source = self._source_for(spec)
             timeout = max(self._store.current.server.evaluation_interval_s, spec.read_deadline_s)
             signal = await asyncio.wait_for(source.read(spec, at), timeout)
-        except (NoDecisionError, SourceError, TimeoutError) as exc:
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a source bug must not cost the last good target
+            if not isinstance(exc, (NoDecisionError, SourceError, TimeoutError)):
+                log.exception("source failed", extra={"workload": workload.trigger.workload})
             problem = (
                 exc
                 if isinstance(exc, NoDecisionError)
                 else NoDecisionError(
-                    Fault.UNAVAILABLE, f"{workload.trigger.workload}: {exc or 'source timed out'}"
+                    Fault.UNAVAILABLE,
+                    f"{workload.trigger.workload}: {exc or 'source timed out'}",
                 )
             )
             decision = hold(workload.state, at, stale, (problem.message,))

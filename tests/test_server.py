@@ -399,3 +399,33 @@ async def test_metrics_endpoint_shows_decisions(start_server):
     assert ("queue_scaler_signal_ttft_p99_seconds", labels) not in samples
     missing = tuple(sorted((*labels, ("field", "ttft_p99_s"))))
     assert samples[("queue_scaler_signal_missing", missing)] == 1.0
+
+
+class BuggySource(FlakySource):
+    """A source with a bug: it raises something no source should."""
+
+    async def read(self, spec: WorkloadSpec, at: float) -> Signal:
+        if self.fail:
+            raise KeyError("a bug in a source")
+        return await super().read(spec, at)
+
+
+async def test_a_source_bug_holds_the_target_instead_of_killing_the_loop(start_server):
+    source = BuggySource()
+    settings = ServerSettings(evaluation_interval_s=0.05, first_decision_timeout_s=5.0)
+    store = ConfigStore(Config(server=settings))
+    server, client = await start_server(store=store, engine=Engine(store, sources=lambda _: source))
+    so = ref("llama", synthetic())
+    assert (await client.evaluate(so)).value == 5.0
+    source.fail = True
+    await asyncio.sleep(0.3)
+    decision = next(server.engine.decisions())
+    assert decision.reason.value == "hold" and "a bug in a source" in decision.faults[0]
+    assert (await client.evaluate(so)).value == 5.0
+    source.fail, source.in_flight = False, 16.0
+    for _ in range(60):  # recovers at the next tick: stabilization keeps 5 while 2 are needed
+        decision = next(server.engine.decisions())
+        if decision.reason.value != "hold":
+            break
+        await asyncio.sleep(0.05)
+    assert (decision.reason.value, decision.replicas) == ("stabilization", 5)
