@@ -78,15 +78,16 @@ async def test_triton_queue_by_direct_scrape_raises_the_target_within_a_second(
             server, "toy", lambda d: d.signal is not None and (d.signal.waiting or 0) >= 1, 5
         )
         reacted_in = time.monotonic() - queue_seen_at
+        print(f"triton direct scrape: queue in the decision {reacted_in:.2f}s after it showed")
         assert reacted_in <= 1.0, f"direct scrape took {reacted_in:.2f}s to see the queue"
         assert decision.signal is not None and decision.signal.source == "scrape"
         raised = await client.evaluate(so)
         assert raised.value > before.value and raised.value >= 2
-        # Rates follow once two scrapes exist: arrivals and mean queue time from the counters.
+        # Rates follow from the counters: the toy model serves ~100 req/s, and the rate window
+        # (60 s) fills with loaded scrapes, so the measured rate climbs past 10 req/s.
         decision = await wait_decision(
-            server, "toy", lambda d: d.signal is not None and d.signal.arrival_rate, 5
+            server, "toy", lambda d: d.signal is not None and (d.signal.arrival_rate or 0) > 10, 15
         )
-        assert decision.signal.arrival_rate > 10  # the toy model serves ~100 req/s
         assert decision.signal.queue_time_mean_s is not None
         assert decision.signal.queue_time_mean_s > 0.01
     finally:
@@ -130,15 +131,15 @@ async def test_triton_queue_through_prometheus_within_one_scrape_interval(
             server, "toy", lambda d: d.signal is not None and (d.signal.waiting or 0) >= 1, 5
         )
         reacted_in = time.monotonic() - stored_at
+        print(f"triton via prometheus: queue in the decision {reacted_in:.2f}s after it was stored")
         assert reacted_in <= prom.scrape_interval_s, (
             f"took {reacted_in:.2f}s after Prometheus had it"
         )
         assert decision.signal.source == "prometheus"
         assert (await client.evaluate(so)).value > before.value
         decision = await wait_decision(
-            server, "toy", lambda d: d.signal is not None and d.signal.arrival_rate, 10
+            server, "toy", lambda d: d.signal is not None and (d.signal.arrival_rate or 0) > 10, 15
         )
-        assert decision.signal.arrival_rate > 10
         assert decision.signal.ready_pods == 1
     finally:
         stop.set()
