@@ -42,6 +42,7 @@ from typing import Any, Self
 
 import pytest
 
+from tests.servers.base import StartStop, log_tail
 from tests.servers.ports import free_port
 
 INSTALL_SCRIPT = "tests/servers/install_prometheus.sh"
@@ -289,11 +290,7 @@ class PrometheusServer:
         )
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "--- prometheus log tail ---\n" + "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines, "prometheus")
 
     # -- configuration -----------------------------------------------------------------
 
@@ -497,7 +494,7 @@ class _MetricsHTTPServer(http.server.ThreadingHTTPServer):
     endpoint: MetricsEndpoint
 
 
-class MetricsEndpoint:
+class MetricsEndpoint(StartStop):
     """``GET /metrics`` on 127.0.0.1:<port> from a background thread.
 
     Change ``.body`` (exposition text), ``.delay_s`` (a slow pod) and ``.status`` (e.g. 500)
@@ -520,18 +517,6 @@ class MetricsEndpoint:
         self._port = port
         self._httpd: _MetricsHTTPServer | None = None
         self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> Self:
         if self._httpd is not None:

@@ -22,12 +22,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.servers.base import StartStop
 from tests.servers.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def triton_libdir(python: Path = TRITON_PYTHON) -> str:
     return libdir
 
 
-class TritonServer:
+class TritonServer(StartStop):
     """`.venv-triton/bin/python tests/servers/triton_toy.py` on free loopback ports.
 
     Use as a context manager (or start()/stop()). Ready means /v2/health/ready answered 200 AND
@@ -109,18 +109,6 @@ class TritonServer:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
-
-    def __enter__(self) -> TritonServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
         if self.log_path is None or not self.log_path.exists():

@@ -22,11 +22,11 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
 
 import httpx
 import pytest
 
+from tests.servers.base import StartStop, log_tail
 from tests.servers.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def missing_install() -> str | None:
     return None
 
 
-class VllmServer:
+class VllmServer(StartStop):
     """`python -m vllm.entrypoints.openai.api_server` on 127.0.0.1:PORT serving the tiny model.
 
     `extra_args` go after the defaults, so e.g. `--max-num-seqs 4` overrides the default 2.
@@ -172,12 +172,7 @@ class VllmServer:
         )
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return f"(no log at {self.log_path})"
-        tail = "\n".join(text.splitlines()[-lines:])
-        return f"--- last {lines} lines of {self.log_path} ---\n{tail}"
+        return log_tail(self.log_path, lines, "vllm")
 
     def _group_alive(self, pgid: int) -> bool:
         try:
@@ -239,17 +234,6 @@ class VllmServer:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-    def __enter__(self) -> VllmServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 async def vllm_load(
