@@ -29,7 +29,6 @@ class ResolveError(ValueError):
 @dataclass(frozen=True)
 class WorkloadSpec:
     trigger: TriggerSpec
-    target_concurrency: float
     capacity: CapacitySpec
     min_replicas: int
     max_replicas: int
@@ -53,6 +52,10 @@ class WorkloadSpec:
     @property
     def workload(self) -> str:
         return self.trigger.workload
+
+    @property
+    def target_concurrency(self) -> float:
+        return self.capacity.target_concurrency
 
     @property
     def read_deadline_s(self) -> float:
@@ -89,7 +92,6 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
         horizon = merged["coldStartSeconds"] + merged["pollingIntervalSeconds"]
     return WorkloadSpec(
         trigger=trigger,
-        target_concurrency=merged["targetConcurrency"],
         capacity=CapacitySpec(
             target_concurrency=merged["targetConcurrency"],
             service_time_s=merged["serviceTimeSeconds"],
