@@ -17,12 +17,13 @@ from urllib.parse import urlsplit
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from scaler._proto import externalscaler_pb2 as pb
 from scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from scaler.config_watch import ConfigStore
 from scaler.engine import Engine
+from scaler.http import HttpEndpoint
 from scaler.service import ExternalScalerService
 from scaler.telemetry import DecisionCollector
 from scaler.trigger import TriggerCache
@@ -75,7 +76,7 @@ class ScalerServer:
         self._server = grpc.aio.server()
         self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
-        self._metrics_httpd: object | None = None
+        self._http: HttpEndpoint | None = None
 
     async def start(self) -> None:
         host, port = split_address(self.address)
@@ -93,9 +94,9 @@ class ScalerServer:
             self._collector = DecisionCollector(self.engine.decisions)
             self.registry.register(self._collector)
             mhost, mport = split_address(self.metrics_address)
-            httpd, _ = start_http_server(mport, addr=mhost, registry=self.registry)
-            self.metrics_port = httpd.server_port
-            self._metrics_httpd = httpd
+            self._http = HttpEndpoint(mhost, mport, self.registry, self.engine.decisions)
+            self._http.start()
+            self.metrics_port = self._http.port
         await self._server.start()
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -123,9 +124,8 @@ class ScalerServer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._metrics_httpd is not None:
-            self._metrics_httpd.shutdown()  # type: ignore[attr-defined]
-            self._metrics_httpd.server_close()  # type: ignore[attr-defined]
+        if self._http is not None:
+            self._http.stop()
         if self._collector is not None:
             self.registry.unregister(self._collector)
         self._stopped.set()

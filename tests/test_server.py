@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
+import urllib.error
 import urllib.request
 
 import grpc
@@ -429,3 +431,28 @@ async def test_a_source_bug_holds_the_target_instead_of_killing_the_loop(start_s
             break
         await asyncio.sleep(0.05)
     assert (decision.reason.value, decision.replicas) == ("stabilization", 5)
+
+
+async def test_decisions_endpoint_explains_each_target(start_server):
+    server, client = await start_server(metrics_address="127.0.0.1:0")
+    await client.evaluate(ref("llama", synthetic()))
+    await client.evaluate(ref("idle", synthetic(syntheticPattern="zero")))
+    base = f"http://127.0.0.1:{server.metrics_port}/decisions"
+
+    def get(url: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    status, everything = await asyncio.to_thread(get, base)
+    assert status == 200
+    assert {d["workload"] for d in everything["decisions"]} == {"team-a/llama", "team-a/idle"}
+    status, one = await asyncio.to_thread(get, base + "?workload=team-a/llama")
+    [llama] = one["decisions"]
+    assert (llama["replicas"], llama["active"], llama["reason"]) == (2, True, "current_need")
+    assert "concurrency" in llama["detail"] and llama["signal"]["running"] == 12.0
+    assert len(llama["decision_id"]) == 16
+    status, none = await asyncio.to_thread(get, base + "?workload=team-a/nope")
+    assert (status, none["decisions"]) == (404, [])
