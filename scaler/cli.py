@@ -121,6 +121,43 @@ def _reference(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_forecast(args: argparse.Namespace) -> int:
+    """Score forecasters on a recorded trace, walking forward (see scaler.bench.forecast)."""
+    import json
+
+    from scaler.bench.forecast import parse_horizons, parse_models, run_bench
+    from scaler.traces import TraceError, load_trace
+
+    try:
+        trace = load_trace(args.trace)
+        options = {
+            key: getattr(args, key)
+            for key in ("max_origins", "refit_every", "season_s")
+            if getattr(args, key) is not None
+        }
+        result = run_bench(
+            trace,
+            bin_s=args.bin_s,
+            models=parse_models(args.models),
+            horizons_s=parse_horizons(args.horizons),
+            **options,
+        )
+    except (TraceError, ValueError) as exc:
+        print(f"scaler bench forecast: {exc}", file=sys.stderr)
+        return 2
+    if args.write_json:
+        with open(args.write_json, "w", encoding="utf-8") as out:
+            json.dump(result.to_json(), out, indent=1)
+            out.write("\n")
+    if args.json:
+        for note in result.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(json.dumps(result.to_json()))
+    else:
+        print(result.table())
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="scaler", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
@@ -180,6 +217,45 @@ def parser() -> argparse.ArgumentParser:
 
     ref = sub.add_parser("reference", help="print the settings reference (Markdown)")
     ref.set_defaults(run=_reference)
+
+    bench = sub.add_parser("bench", help="offline benchmarks on recorded traces")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    fc = bench_sub.add_parser(
+        "forecast",
+        help="score forecasters on a trace, walking forward: pinball loss, MASE, coverage, CPU",
+    )
+    fc.add_argument("--trace", required=True, metavar="FILE", help="a trace file (bench/traces/)")
+    fc.add_argument("--json", action="store_true", help="one JSON object")
+    fc.add_argument(
+        "--models",
+        nargs="+",
+        metavar="NAME[,NAME]",
+        help="scaler, naive, moving_average, seasonal_naive, autoets, autoarima (default all)",
+    )
+    fc.add_argument(
+        "--horizons",
+        nargs="+",
+        metavar="S[,S]",
+        help="seconds (default 30,60,120,300; rate traces: 1, 2 and 3 windows)",
+    )
+    fc.add_argument(
+        "--bin-s", type=float, help="bin width in seconds (default 10; rate traces: the window)"
+    )
+    fc.add_argument(
+        "--max-origins",
+        type=int,
+        help="forecast origins walked, the last ones of the series (default 576)",
+    )
+    fc.add_argument(
+        "--refit-every", type=int, help="statsforecast refits every N origins (default 12)"
+    )
+    fc.add_argument(
+        "--season-s",
+        type=float,
+        help="season for seasonal_naive and the scaler's period, seconds (default 86400)",
+    )
+    fc.add_argument("--write-json", metavar="FILE", help="also write the JSON object to FILE")
+    fc.set_defaults(run=_bench_forecast)
     return top
 
 

@@ -1,0 +1,1 @@
+"""Offline benchmarks on recorded traces (``scaler bench ...``): pure computation."""
