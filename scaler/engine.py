@@ -22,7 +22,8 @@ from enum import Enum
 
 from scaler import telemetry
 from scaler.config_watch import ConfigStore
-from scaler.policy import Decision, PolicyState, decide, hold
+from scaler.outlook import NeedForecast, Outlook
+from scaler.policy import Decision, PolicyState, Reason, decide, hold
 from scaler.sources import Source, SourceError, Sources
 from scaler.trigger import TriggerSpec
 from scaler.workload import ResolveError, WorkloadSpec, resolve
@@ -59,10 +60,30 @@ class Workload:
         self.decision: Decision | None = None
         self.problem: NoDecisionError | None = None
         self.state = PolicyState()
+        self.forecast: NeedForecast | None = None
         self.last_tick: float | None = None
         self.first = asyncio.Event()  # the first evaluation has finished (with or without result)
         self.updated = asyncio.Event()  # replaced after every publish; waiters wake on set()
         self.task: asyncio.Task[None] | None = None
+
+    def outlook(self, spec: WorkloadSpec) -> Outlook | None:
+        """The current forecast outlook (None with forecasting off), built on first use and
+        rebuilt when its step, horizon or season change."""
+        if not spec.forecast:
+            self.forecast = None
+            return None
+        shape = (spec.forecast_step_s, spec.horizon_s, spec.season_period_s)
+        current = self.forecast
+        if current is None or (current.step_s, current.horizon_s, current.period_s) != shape:
+            self.forecast = NeedForecast(*shape)
+        assert self.forecast is not None
+        return self.forecast.outlook
+
+    def learn(self, spec: WorkloadSpec, at: float, decision: Decision | None) -> None:
+        """Feed the need behind a fresh decision (not a held one) to the forecaster."""
+        if self.forecast is not None and spec.forecast:
+            fresh = decision is not None and decision.reason is not Reason.HOLD
+            self.forecast.observe(at, decision.need if fresh and decision else None)
 
     def publish(self, decision: Decision | None, problem: NoDecisionError | None) -> None:
         self.decision, self.problem = decision, problem
@@ -220,7 +241,10 @@ class Engine:
         stale = self._store.current.server.stale_target_s
         state = workload.state
         for signal in history:
-            _, state = decide(spec, signal, state, signal.at, stale)
+            decision, state = decide(
+                spec, signal, state, signal.at, stale, outlook=workload.outlook(spec)
+            )
+            workload.learn(spec, signal.at, decision)
         workload.state = state
 
     async def _evaluate(self, workload: Workload, at: float) -> None:
@@ -248,7 +272,10 @@ class Engine:
             telemetry.EVALUATIONS.labels(outcome="held" if decision else "none").inc()
             workload.publish(decision, None if decision else problem)
             return
-        decision, workload.state = decide(spec, signal, workload.state, at, stale)
+        decision, workload.state = decide(
+            spec, signal, workload.state, at, stale, outlook=workload.outlook(spec)
+        )
+        workload.learn(spec, at, decision)
         telemetry.EVALUATIONS.labels(outcome="decided" if decision else "none").inc()
         missing = NoDecisionError(
             Fault.UNAVAILABLE, f"{spec.workload}: signal incomplete: {', '.join(signal.reasons)}"

@@ -522,6 +522,35 @@ FIELDS: tuple[Field, ...] = (
         "Forecast horizon; unset means coldStartSeconds + pollingIntervalSeconds.",
     ),
     Field(
+        "forecast",
+        Scope.TUNING,
+        choice("on", "off"),
+        "off",
+        "on | off",
+        "Size for the forecast over the horizon: the target covers the q90 forecast of need "
+        "within horizonSeconds, and a workload the forecast expects traffic for stays (or turns) "
+        "active. Off by default in this release (reactive) until the forecast bench meets its "
+        "goals; a late-starting replica agrees with a running one once the forecaster's memory "
+        "(~100 bins) is covered.",
+    ),
+    Field(
+        "forecastStepSeconds",
+        Scope.TUNING,
+        real(1, 3600),
+        10.0,
+        "a number of seconds from 1 to 3600",
+        "Bin width of the need series the forecaster sees (and of its horizon steps).",
+    ),
+    Field(
+        "seasonPeriodSeconds",
+        Scope.TUNING,
+        real(0, 7 * 86400),
+        86400.0,
+        "a number of seconds from 0 to 604800 (0: no seasonal models)",
+        "Period of the seasonal candidates (daily by default); they compete once the history "
+        "covers two periods.",
+    ),
+    Field(
         "scaleDownStabilizationSeconds",
         Scope.TUNING,
         real(0, 3600),

@@ -10,10 +10,13 @@ This release's rule (the forecast issue adds forecast, panic and cold-start term
    queue-time SLO and KV-cache terms, the largest wins)
 2. the target is ceil(need); it rises at once, and falls only to the highest need seen within
    scaleDownStabilizationSeconds (a removed GPU replica takes a cold start to come back);
-3. a workload with anything in flight or arriving in the last scaleToZeroIdleSeconds is active
-   and keeps at least one replica; only after that idle window does the target drop to 0;
-4. the target is clamped to [minReplicas, maxReplicas];
-5. fail static: with no signal, the last decision is held (never lowered) for stale_s seconds,
+3. with `forecast: on`, the target also covers the q90 forecast of need within the horizon
+   (coldStartSeconds + pollingIntervalSeconds), up and down (`scaler.outlook`);
+4. a workload with anything in flight or arriving in the last scaleToZeroIdleSeconds, or with
+   traffic forecast within the horizon, is active and keeps at least one replica; only after the
+   idle window AND with a q90 forecast below one request does the target drop to 0;
+5. the target is clamped to [minReplicas, maxReplicas];
+6. fail static: with no signal, the last decision is held (never lowered) for stale_s seconds,
    then there is no decision at all, so KEDA's `fallback` takes over.
 """
 
@@ -25,6 +28,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from scaler import capacity
+from scaler.outlook import Outlook
 from scaler.signals import Signal
 from scaler.workload import WorkloadSpec
 
@@ -35,6 +39,7 @@ class Reason(StrEnum):
     """Which term set the target. A closed set: it is a label on /metrics."""
 
     CURRENT_NEED = "current_need"
+    FORECAST = "forecast"
     STABILIZATION = "stabilization"
     ACTIVE_FLOOR = "active_floor"
     SCALE_TO_ZERO = "scale_to_zero"
@@ -103,6 +108,7 @@ def decide(
     at: float,
     stale_s: float,
     faults: tuple[str, ...] = (),
+    outlook: Outlook | None = None,
 ) -> tuple[Decision | None, PolicyState]:
     required = capacity.need(signal, spec.capacity) if signal is not None else None
     if signal is None or required is None:
@@ -118,18 +124,30 @@ def decide(
     first_at = state.first_at if state.first_at is not None else at
     # Unknown history counts as busy: a scaler that just started never scales to zero at once.
     idle_since = last_busy if last_busy is not None else first_at
-    idle = not busy and at - idle_since >= spec.scale_to_zero_idle_s
+    ahead = outlook if spec.forecast else None
+    # Traffic expected within the horizon (the q90 forecast holds a request or more) keeps a
+    # workload active, and activates an idle one before its ramp: scale from zero takes a
+    # cold start, so it has to begin a horizon early.
+    expected = ahead is not None and ahead.upper_max * spec.target_concurrency >= 1.0
+    idle = not busy and not expected and at - idle_since >= spec.scale_to_zero_idle_s
 
     target = recent[0][1]
     reason = Reason.CURRENT_NEED if target == now_replicas else Reason.STABILIZATION
     detail = f"{required.describe()} -> {now_replicas}"
     if reason is Reason.STABILIZATION:
         detail += f"; held at {target}, the highest in {spec.scale_down_stabilization_s:g}s"
+    if ahead is not None:
+        # Scale up to the upper forecast within the horizon: what is asked now serves then.
+        # Never scale below it either: a replica removed now takes a horizon to come back.
+        covered = max(0, math.ceil(ahead.upper_max - EPSILON))
+        detail += f"; {ahead.describe()} -> {covered}"
+        if covered > target:
+            target, reason = covered, Reason.FORECAST
     if idle:
         target, reason = 0, Reason.SCALE_TO_ZERO
         detail = f"idle for {at - idle_since:.0f}s >= scaleToZeroIdleSeconds"
     elif target < 1:
-        target, reason = 1, Reason.ACTIVE_FLOOR
+        target, reason = 1, Reason.FORECAST if expected and not busy else Reason.ACTIVE_FLOOR
         detail += f"; active within scaleToZeroIdleSeconds={spec.scale_to_zero_idle_s:g}"
     if target < spec.min_replicas:
         target, reason = spec.min_replicas, Reason.MIN_BOUND

@@ -35,6 +35,9 @@ class WorkloadSpec:
     cold_start_s: float
     polling_interval_s: float
     horizon_s: float
+    forecast: bool
+    forecast_step_s: float
+    season_period_s: float | None
     scale_down_stabilization_s: float
     scale_to_zero_idle_s: float
     server_address: str | None
@@ -103,6 +106,9 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
         cold_start_s=merged["coldStartSeconds"],
         polling_interval_s=merged["pollingIntervalSeconds"],
         horizon_s=horizon,
+        forecast=merged["forecast"] == "on",
+        forecast_step_s=merged["forecastStepSeconds"],
+        season_period_s=merged["seasonPeriodSeconds"] or None,
         scale_down_stabilization_s=merged["scaleDownStabilizationSeconds"],
         scale_to_zero_idle_s=merged["scaleToZeroIdleSeconds"],
         server_address=merged["serverAddress"],
