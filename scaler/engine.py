@@ -297,5 +297,6 @@ class Engine:
                     "active": decision.active,
                     "reason": decision.reason.value,
                     "detail": decision.detail,
+                    "forecast_q90": decision.outlook.upper_max if decision.outlook else None,
                 },
             )

@@ -62,6 +62,7 @@ class Decision:
     detail: str  # the numbers behind `reason`, for logs and `explain`
     faults: tuple[str, ...] = ()  # what is missing or wrong right now
     signal: Signal | None = None  # what the decision was made from (None when held)
+    outlook: Outlook | None = None  # the forecast it considered (None with forecasting off)
 
     @property
     def decision_id(self) -> str:
@@ -169,6 +170,7 @@ def decide(
         detail=detail,
         faults=faults + signal.reasons,
         signal=signal,
+        outlook=ahead,
     )
     return decision, PolicyState(
         recent=recent, last_busy_at=last_busy, first_at=first_at, last_good=decision

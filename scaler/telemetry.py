@@ -89,6 +89,16 @@ class DecisionCollector(Collector):
             field: GaugeMetricFamily(PREFIX + name, text, labels=LABELS)
             for field, (name, text) in SIGNAL_METRICS.items()
         }
+        forecast = GaugeMetricFamily(
+            PREFIX + "forecast_needed_replicas",
+            "Highest forecast of needed replicas within the horizon (bound: point or q90)",
+            labels=[*LABELS, "bound"],
+        )
+        model = GaugeMetricFamily(
+            PREFIX + "forecast_model",
+            "1 for the forecaster's current choice for the workload",
+            labels=[*LABELS, "model"],
+        )
         missing = GaugeMetricFamily(
             PREFIX + "signal_missing",
             "1 while a signal field is missing (no data is never read as zero)",
@@ -110,6 +120,10 @@ class DecisionCollector(Collector):
             ):
                 if value is not None:
                     families[key].add_metric(labels, value)
+            if d.outlook is not None:
+                forecast.add_metric([*labels, "point"], d.outlook.point_max)
+                forecast.add_metric([*labels, "q90"], d.outlook.upper_max)
+                model.add_metric([*labels, d.outlook.model], 1.0)
             if d.signal is not None:
                 for field, family in signals.items():
                     value = getattr(d.signal, field)
@@ -120,6 +134,8 @@ class DecisionCollector(Collector):
         yield from families.values()
         yield from signals.values()
         yield missing
+        yield forecast
+        yield model
         workloads = GaugeMetricFamily(PREFIX + "workloads", "Workloads with a decision")
         workloads.add_metric([], count)
         yield workloads

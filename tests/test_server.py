@@ -456,3 +456,33 @@ async def test_decisions_endpoint_explains_each_target(start_server):
     assert len(llama["decision_id"]) == 16
     status, none = await asyncio.to_thread(get, base + "?workload=team-a/nope")
     assert (status, none["decisions"]) == (404, [])
+
+
+async def test_forecast_is_exported_next_to_the_decision(start_server):
+    server, client = await start_server(metrics_address="127.0.0.1:0")
+    so = ref("llama", synthetic(forecast="on", forecastStepSeconds="1", horizonSeconds="5"))
+    await client.evaluate(so)
+    for _ in range(60):  # the first outlook comes when the first 1 s bin closes
+        decision = next(server.engine.decisions())
+        if decision.outlook is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert decision.outlook is not None
+    assert decision.outlook.point_max == pytest.approx(1.875)  # constant load: 15 in flight / 8
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
+    labels = (("metric", "synthetic-llama"), ("namespace", "team-a"), ("scaledobject", "llama"))
+    point = tuple(sorted((*labels, ("bound", "point"))))
+    q90 = tuple(sorted((*labels, ("bound", "q90"))))
+    assert samples[("queue_scaler_forecast_needed_replicas", point)] == pytest.approx(1.875)
+    assert samples[("queue_scaler_forecast_needed_replicas", q90)] >= 1.875
+    decisions_url = f"http://127.0.0.1:{server.metrics_port}/decisions"
+    found = await asyncio.to_thread(
+        lambda: json.loads(urllib.request.urlopen(decisions_url, timeout=5).read())
+    )
+    assert found["decisions"][0]["forecast"]["horizon_s"] == 5.0
