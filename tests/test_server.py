@@ -376,17 +376,25 @@ async def test_fail_static_holds_the_last_target_then_hands_over_to_keda_fallbac
     await wait_for_value(client, so, 10.0, seconds=1.0)  # recovers within a few ticks
 
 
-async def test_metrics_endpoint_shows_decisions(start_server):
-    server, client = await start_server(metrics_address="127.0.0.1:0")
-    await client.evaluate(ref("llama", synthetic()))
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+LLAMA_LABELS = (("metric", "synthetic-llama"), ("namespace", "team-a"), ("scaledobject", "llama"))
+
+
+async def scrape_samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The scaler's /metrics, parsed: (name, sorted labels) -> value."""
+    url = f"http://127.0.0.1:{port}/metrics"
     body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
-    samples = {
+    return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(body)
         for sample in family.samples
     }
-    labels = (("metric", "synthetic-llama"), ("namespace", "team-a"), ("scaledobject", "llama"))
+
+
+async def test_metrics_endpoint_shows_decisions(start_server):
+    server, client = await start_server(metrics_address="127.0.0.1:0")
+    await client.evaluate(ref("llama", synthetic()))
+    samples = await scrape_samples(server.metrics_port)
+    labels = LLAMA_LABELS
     assert samples[("queue_scaler_desired_replicas", labels)] == 2.0
     assert samples[("queue_scaler_active", labels)] == 1.0
     assert samples[("queue_scaler_needed_replicas", labels)] == 1.875
@@ -469,14 +477,8 @@ async def test_forecast_is_exported_next_to_the_decision(start_server):
         await asyncio.sleep(0.05)
     assert decision.outlook is not None
     assert decision.outlook.point_max == pytest.approx(1.875)  # constant load: 15 in flight / 8
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(body)
-        for s in family.samples
-    }
-    labels = (("metric", "synthetic-llama"), ("namespace", "team-a"), ("scaledobject", "llama"))
+    samples = await scrape_samples(server.metrics_port)
+    labels = LLAMA_LABELS
     point = tuple(sorted((*labels, ("bound", "point"))))
     q90 = tuple(sorted((*labels, ("bound", "q90"))))
     assert samples[("queue_scaler_forecast_needed_replicas", point)] == pytest.approx(1.875)
