@@ -31,6 +31,8 @@ from scaler.workload import ResolveError, WorkloadSpec, resolve
 log = logging.getLogger(__name__)
 
 HISTORY_MAX_POINTS = 600
+FORECAST_MEMORY_BINS = 120  # the forecaster's error window (100) and selector warm-up, rounded up
+FORECAST_WARMUP_MAX_S = 6 * 3600.0
 WorkloadKey = tuple[str, str, str]
 
 
@@ -229,8 +231,14 @@ class Engine:
         interval = self._store.current.server.evaluation_interval_s
         end = math.floor(self._clock() / interval) * interval
         fine_start, fine_step = _segment(end, spec.scale_down_stabilization_s, interval)
-        idle_extra = max(0.0, spec.scale_to_zero_idle_s - (end - fine_start))
-        coarse_start, coarse_step = _segment(fine_start, idle_extra, interval)
+        # The older part covers the idle window and, with forecasting on, the forecaster's memory
+        # (its error window plus a horizon of bins), so a late replica's outlook matches.
+        memory = spec.scale_to_zero_idle_s
+        if spec.forecast:
+            bins = FORECAST_MEMORY_BINS + math.ceil(spec.horizon_s / spec.forecast_step_s)
+            memory = max(memory, min(FORECAST_WARMUP_MAX_S, bins * spec.forecast_step_s))
+        older = max(0.0, memory - (end - fine_start))
+        coarse_start, coarse_step = _segment(fine_start, older, interval)
         try:
             source = self._source_for(spec)
             history = await source.history(spec, coarse_start, fine_start, coarse_step)
