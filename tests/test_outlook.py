@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from scaler.config import Config
 from scaler.outlook import NeedForecast, Outlook
 from scaler.policy import PolicyState, Reason, decide
@@ -138,3 +141,46 @@ def test_forecast_never_makes_a_target_nan_or_negative():
         decision, _ = decide(spec(), busy(1.0), PolicyState(), T0, 600.0, outlook=outlook(upper))
         assert decision is not None
         assert 0 <= decision.replicas <= 100 and not math.isnan(decision.need or 0.0)
+
+
+# --- properties of the whole rule with a forecast ------------------------------------------------
+
+need_values = st.floats(min_value=0.0, max_value=500.0, allow_nan=False)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(
+    bounds=st.tuples(st.integers(0, 5), st.integers(1, 60)).filter(lambda b: b[0] <= b[1]),
+    in_flight=need_values,
+    upper=need_values,
+    idle_for=st.floats(min_value=0.0, max_value=1000.0),
+)
+def test_targets_stay_in_bounds_and_finite_with_any_outlook(bounds, in_flight, upper, idle_for):
+    lo, hi = bounds
+    workload = spec(minReplicas=str(lo), maxReplicas=str(hi), scaleToZeroIdleSeconds="60")
+    state = PolicyState(last_busy_at=T0 - idle_for, first_at=T0 - 2000.0)
+    decision, _ = decide(
+        workload, busy(in_flight), state, T0, 600.0, outlook=outlook(upper, point=upper / 2)
+    )
+    assert decision is not None
+    assert lo <= decision.replicas <= hi
+    assert decision.active == (decision.replicas > 0)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(in_flight=need_values, more=need_values, upper=need_values, more_upper=need_values)
+def test_more_demand_or_a_higher_forecast_never_gives_fewer_replicas(
+    in_flight, more, upper, more_upper
+):
+    workload = spec(maxReplicas="1000")
+    base, _ = decide(workload, busy(in_flight), PolicyState(), T0, 600.0, outlook=outlook(upper))
+    bigger, _ = decide(
+        workload,
+        busy(in_flight + more),
+        PolicyState(),
+        T0,
+        600.0,
+        outlook=outlook(upper + more_upper),
+    )
+    assert base is not None and bigger is not None
+    assert bigger.replicas >= base.replicas
