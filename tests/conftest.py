@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -59,9 +60,10 @@ async def start_server() -> AsyncIterator[ServerFactory]:
 
     yield start
     for client in clients:
-        await client.close()
+        await asyncio.wait_for(client.close(), 30)
     for server in servers:
-        await server.stop()
+        server.grace_s = min(server.grace_s, 2.0)  # nothing in flight is waited on at teardown
+        await asyncio.wait_for(server.stop(), 60)
 
 
 def ref(name: str, metadata: Mapping[str, str], namespace: str = "team-a") -> Any:

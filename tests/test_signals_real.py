@@ -92,7 +92,7 @@ async def test_triton_queue_by_direct_scrape_raises_the_target_within_a_second(
         assert decision.signal.queue_time_mean_s > 0.01
     finally:
         stop.set()
-        await load
+        await asyncio.wait_for(load, 120)  # the load stops at its next request
 
 
 async def test_triton_queue_through_prometheus_within_one_scrape_interval(
@@ -143,7 +143,7 @@ async def test_triton_queue_through_prometheus_within_one_scrape_interval(
         assert decision.signal.ready_pods == 1
     finally:
         stop.set()
-        await load
+        await asyncio.wait_for(load, 120)  # the load stops at its next request
 
 
 async def test_prometheus_source_scopes_by_namespace_and_selector(start_prometheus, start_server):
@@ -342,6 +342,7 @@ async def test_custom_backend_with_the_shipped_sglang_profile(start_prometheus, 
         await wait_decision(server, "qwen", lambda d: d.replicas == 4, 10)  # (58 + 6) / 16
 
 
+@pytest.mark.timeout(480)  # a real vLLM on 2 busy cores: its queue can take a minute to build
 async def test_vllm_queue_by_both_sources_raises_the_target(
     vllm_server: VllmServer, start_prometheus, start_server
 ):
@@ -400,4 +401,4 @@ async def test_vllm_queue_by_both_sources_raises_the_target(
         assert 0.0 <= decision.signal.kv_cache_usage <= 1.0
     finally:
         stop.set()
-        await load
+        await asyncio.wait_for(load, 120)  # the load stops at its next request
