@@ -24,6 +24,7 @@ from urllib3.util.retry import Retry
 from scaler.signals import Signal
 from scaler.sources import SourceError
 from scaler.sources.catalog import (
+    CATALOGS,
     AtLeastZero,
     Count,
     Deriv,
@@ -139,6 +140,12 @@ def _cause(exc: RequestException, timeout_s: float) -> str:
     return f"{type(reason).__name__}: {text.split(' (Caused by')[0]}"[:200]
 
 
+def _plan(spec: WorkloadSpec) -> tuple[tuple[Matcher, ...], dict[str, Expr]]:
+    """The label matchers and the signal expressions (with overrides) of one workload."""
+    matchers = matchers_for(spec, CATALOGS[spec.trigger.backend].model_label)
+    return matchers, signal_exprs(spec.trigger.backend, spec.queries)
+
+
 def _scalar(result: object) -> float:
     """The single value of an aggregated instant-query result; raises ValueError otherwise."""
     if not isinstance(result, list):
@@ -186,11 +193,7 @@ class PrometheusSource:
         cached = self._cache.get(key)
         if cached is not None and 0 <= at - cached[0] < spec.query_interval_s:
             return cached[1]
-        from scaler.sources.catalog import CATALOGS
-
-        catalog = CATALOGS[spec.trigger.backend]
-        matchers = matchers_for(spec, catalog.model_label)
-        exprs = signal_exprs(spec.trigger.backend, spec.queries)
+        matchers, exprs = _plan(spec)
         queries = {field: render(expr, spec, matchers) for field, expr in exprs.items()}
         age_query = _age_query(spec, exprs, matchers)
         if age_query:
@@ -231,11 +234,7 @@ class PrometheusSource:
         """Range queries on the tick grid (start, start+step, ... < end) for the warm start."""
         if end <= start:
             return []
-        from scaler.sources.catalog import CATALOGS
-
-        catalog = CATALOGS[spec.trigger.backend]
-        matchers = matchers_for(spec, catalog.model_label)
-        exprs = signal_exprs(spec.trigger.backend, spec.queries)
+        matchers, exprs = _plan(spec)
         grid: dict[float, dict[str, float]] = {}
         last = start + math.floor((end - start) / step - 1e-9) * step
 
