@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
 CONFIG_POLL_S = 2.0
+STOP_LOOPS_S = 10.0
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -120,7 +121,10 @@ class ScalerServer:
         self._shutdown.set()
         self.engine.release_watchers()
         await self._server.stop(self.grace_s)
-        await self.engine.close()
+        try:  # bounded: a stuck workload loop must not keep the process from exiting
+            await asyncio.wait_for(self.engine.close(), STOP_LOOPS_S)
+        except TimeoutError:
+            log.error("workload loops did not stop in time", extra={"event": "stop_timeout"})
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
