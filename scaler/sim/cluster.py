@@ -1,0 +1,242 @@
+"""Karpenter-like GPU nodes under the workload's Deployment: where cold starts and cost come from.
+
+Why nodes and not just replicas: a GPU replica that needs a new node waits for the node (launch,
+boot, device plugin) and then for its model to load; a replica that fits on a node already up waits
+only for the model. And cost is paid per node-hour, whole nodes, from launch to termination, so a
+fleet that shrinks from 9 replicas to 8 on 8-GPU nodes still pays for two nodes until the second
+one is empty for `consolidateAfter` (Karpenter `consolidationPolicy: WhenEmpty`).
+
+Pods: a Deployment scale-up creates pending pods; they bind to free GPUs on ready nodes (then load
+the model), or to free GPUs on nodes being launched, or Karpenter launches ceil(rest / GPUs per
+node) new nodes. A scale-down deletes pods in the ReplicaSet controller's order (unscheduled first,
+then not ready, then ready pods on nodes with more replicas of the set, newest first); a deleted
+ready pod stops receiving requests and drains its running ones for up to the termination grace
+period, then anything left is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+from numpy.typing import NDArray
+
+from scaler.sim.profiles import NodeType
+
+IntArray = NDArray[np.int64]
+
+
+class Phase(Enum):
+    PENDING = "pending"  # no node yet, or bound to a node that is still launching
+    LOADING = "loading"  # on a ready node, loading the model
+    READY = "ready"  # serving
+    DRAINING = "draining"  # deleted, finishing its running requests
+
+
+@dataclass
+class Pod:
+    id: int
+    created_at: float
+    phase: Phase = Phase.PENDING
+    node: int | None = None
+    ready_at: float = math.inf
+    deadline: float = math.inf  # draining: termination grace ends
+
+
+@dataclass
+class Node:
+    id: int
+    launched_at: float
+    ready_at: float
+    pods: set[int] = field(default_factory=set)
+    empty_since: float | None = None
+    terminated_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    node: NodeType
+    node_launch_s: float  # NodeClaim created -> node ready with nvidia.com/gpu allocatable
+    model_load_s: float  # pod bound on a ready node -> serving
+    consolidate_after_s: float = 60.0
+    termination_grace_s: float = 30.0
+    max_nodes: int = 1000  # NodePool limits
+
+
+class Cluster:
+    def __init__(self, config: ClusterConfig) -> None:
+        self.cfg = config
+        self.pods: dict[int, Pod] = {}
+        self.nodes: dict[int, Node] = {}
+        self._next_pod = 0
+        self._next_node = 0
+        self.gpu_seconds = 0.0
+        self.zero_node_seconds = 0.0
+        self.dropped_by_kill = 0
+
+    # --- the Deployment -----------------------------------------------------------------------
+
+    @property
+    def replicas(self) -> int:
+        """The Deployment's replica count: pods that are not being deleted."""
+        return sum(1 for p in self.pods.values() if p.phase is not Phase.DRAINING)
+
+    @property
+    def ready(self) -> int:
+        return sum(1 for p in self.pods.values() if p.phase is Phase.READY)
+
+    @property
+    def live_nodes(self) -> int:
+        return sum(1 for n in self.nodes.values() if n.terminated_at is None)
+
+    def serving(self) -> IntArray:
+        ids = sorted(p.id for p in self.pods.values() if p.phase is Phase.READY)
+        return np.asarray(ids, dtype=np.int64)
+
+    def draining(self) -> IntArray:
+        ids = sorted(p.id for p in self.pods.values() if p.phase is Phase.DRAINING)
+        return np.asarray(ids, dtype=np.int64)
+
+    def warm(self, replicas: int, at: float = 0.0) -> None:
+        """Start with `replicas` serving on ready nodes (the simulation's warm start)."""
+        gpus = self.cfg.node.gpus
+        for _ in range(math.ceil(replicas / gpus)):
+            self._launch(at, ready_at=at)
+        free = self._free_slots()
+        for _ in range(replicas):
+            pod = self._new_pod(at)
+            node = free.pop(0)
+            self._bind(pod, node)
+            pod.phase, pod.ready_at = Phase.READY, at
+
+    def scale_to(self, at: float, desired: int) -> None:
+        """Set the Deployment's replicas: create pending pods or delete in ReplicaSet order."""
+        live = [p for p in self.pods.values() if p.phase is not Phase.DRAINING]
+        if desired > len(live):
+            for _ in range(desired - len(live)):
+                self._new_pod(at)
+            return
+        if desired == len(live):
+            return
+        per_node: dict[int | None, int] = {}
+        for p in live:
+            per_node[p.node] = per_node.get(p.node, 0) + 1
+        rank = {Phase.PENDING: 0, Phase.LOADING: 1, Phase.READY: 2}
+
+        def order(p: Pod) -> tuple[int, int, int, float, int]:
+            return (
+                0 if p.node is None else 1,
+                rank[p.phase],
+                -per_node.get(p.node, 0),  # doubled up: more pods of the set on its node first
+                -p.ready_at if p.phase is Phase.READY else -p.created_at,  # newest first
+                -p.id,
+            )
+
+        for pod in sorted(live, key=order)[: len(live) - desired]:
+            if pod.phase is Phase.READY:
+                pod.phase, pod.deadline = Phase.DRAINING, at + self.cfg.termination_grace_s
+            else:
+                self._remove(pod, at)
+
+    # --- time ------------------------------------------------------------------------------------
+
+    def tick(self, at: float, dt: float, running: dict[int, int]) -> IntArray:
+        """Advance to `at`: nodes come up, models load, drained pods go, pending pods bind or
+        make Karpenter launch nodes, empty nodes are consolidated; bill the step [at, at + dt).
+        `running` is the running-request count per draining pod. Returns pods killed with
+        requests still running (their requests drop)."""
+        killed: list[int] = []
+        for node in self.nodes.values():
+            if node.terminated_at is None and node.ready_at <= at:
+                for pid in node.pods:
+                    pod = self.pods[pid]
+                    if pod.phase is Phase.PENDING:
+                        pod.phase = Phase.LOADING
+                        pod.ready_at = max(node.ready_at, pod.created_at) + self.cfg.model_load_s
+        for pod in list(self.pods.values()):
+            if pod.phase is Phase.LOADING and pod.ready_at <= at:
+                pod.phase = Phase.READY
+            elif pod.phase is Phase.DRAINING:
+                left = running.get(pod.id, 0)
+                if left == 0 or at >= pod.deadline:
+                    if left:
+                        killed.append(pod.id)
+                    self._remove(pod, at)
+        self._provision(at)
+        self._consolidate(at)
+        alive = self.live_nodes
+        self.gpu_seconds += alive * self.cfg.node.gpus * dt
+        if alive == 0:
+            self.zero_node_seconds += dt
+        return np.asarray(killed, dtype=np.int64)
+
+    def _provision(self, at: float) -> None:
+        pending = [p for p in self.pods.values() if p.phase is Phase.PENDING and p.node is None]
+        if not pending:
+            return
+        pending.sort(key=lambda p: p.id)
+        free = self._free_slots()
+        # Ready nodes first (the pod starts loading now), then nodes still launching.
+        free.sort(key=lambda n: (self.nodes[n].ready_at > at, self.nodes[n].ready_at, n))
+        while pending and free:
+            pod, node = pending.pop(0), free.pop(0)
+            self._bind(pod, node)
+            if self.nodes[node].ready_at <= at:
+                pod.phase, pod.ready_at = Phase.LOADING, at + self.cfg.model_load_s
+        if pending:
+            room = self.cfg.max_nodes - self.live_nodes
+            for _ in range(min(room, math.ceil(len(pending) / self.cfg.node.gpus))):
+                launched = self._launch(at, ready_at=at + self.cfg.node_launch_s)
+                for _ in range(self.cfg.node.gpus):
+                    if not pending:
+                        break
+                    self._bind(pending.pop(0), launched.id)
+
+    def _consolidate(self, at: float) -> None:
+        for node in self.nodes.values():
+            if node.terminated_at is not None:
+                continue
+            if node.pods:
+                node.empty_since = None
+                continue
+            if node.empty_since is None:
+                node.empty_since = at
+            if node.ready_at <= at and at - node.empty_since >= self.cfg.consolidate_after_s:
+                node.terminated_at = at
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def _new_pod(self, at: float) -> Pod:
+        pod = Pod(self._next_pod, at)
+        self._next_pod += 1
+        self.pods[pod.id] = pod
+        return pod
+
+    def _launch(self, at: float, ready_at: float) -> Node:
+        node = Node(self._next_node, at, ready_at)
+        self._next_node += 1
+        self.nodes[node.id] = node
+        return node
+
+    def _bind(self, pod: Pod, node: int) -> None:
+        pod.node = node
+        self.nodes[node].pods.add(pod.id)
+        self.nodes[node].empty_since = None
+
+    def _remove(self, pod: Pod, at: float) -> None:
+        if pod.node is not None:
+            node = self.nodes[pod.node]
+            node.pods.discard(pod.id)
+            if not node.pods:
+                node.empty_since = at
+        del self.pods[pod.id]
+
+    def _free_slots(self) -> list[int]:
+        """One entry per free GPU on a live node (node ids, repeated)."""
+        slots: list[int] = []
+        for node in self.nodes.values():
+            if node.terminated_at is None:
+                slots += [node.id] * (self.cfg.node.gpus - len(node.pods))
+        return slots

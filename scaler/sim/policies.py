@@ -1,0 +1,303 @@
+"""The five autoscaling policies of the bench, each deciding the Deployment's replica count.
+
+Why these five: always-on is what most GPU fleets run; an HPA on GPU utilization and KEDA's
+Prometheus scaler on queue depth are the usual autoscalers; the scaler is this project, called
+through the very decision code that serves KEDA; the oracle bounds what any policy could do.
+
+Every policy sees the fleet only as a cluster would expose it: the scaler its `Signal` (built as
+`scaler.sources.catalog` defines the fields), the baselines their Prometheus metrics at the last
+15 s scrape. Replica counts go through `scaler.sim.autoscalers` (KEDA, HPA) except for always-on
+(fixed) and the oracle (sets the Deployment directly, ahead of time).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from scaler.config import Config
+from scaler.engine import Workload
+from scaler.policy import Decision, PolicyState, decide
+from scaler.sim.autoscalers import (
+    SCALER_BEHAVIOR,
+    Hpa,
+    HpaBehavior,
+    Keda,
+    average_value_replicas,
+    pods_metric_replicas,
+)
+from scaler.sim.cluster import Cluster, Phase
+from scaler.sim.fleet import Fleet, StepStats
+from scaler.sim.profiles import ServiceProfile
+from scaler.sim.workload import Requests
+from scaler.trigger import parse_trigger
+from scaler.workload import WorkloadSpec, resolve
+
+IntArray = NDArray[np.int64]
+
+PROMETHEUS_SCRAPE_S = 15.0  # the baselines read metrics as Prometheus last scraped them
+GPU_UTIL_TARGET = 0.8
+NAMES = ("always-on", "hpa-gpu-util", "keda-prometheus", "scaler", "oracle")
+
+
+class Policy(Protocol):
+    name: str
+
+    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+        """After the step ending at `at`: the Deployment's new replica count, or None to keep."""
+        ...
+
+
+@dataclass
+class AlwaysOn:
+    """A fixed fleet sized for the trace's peak (the oracle's highest need)."""
+
+    replicas: int
+    name: str = "always-on"
+
+    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+        return None
+
+
+class HpaGpuUtil:
+    """A plain HPA (no KEDA, so never below 1) on DCGM's GPU utilization, Pods metric with an
+    average target of 80%. Utilization is the share of time a kernel ran, averaged over each
+    15 s scrape; pods still loading their model report 0, pending pods count as unready."""
+
+    name = "hpa-gpu-util"
+
+    def __init__(self, max_replicas: int, target: float = GPU_UTIL_TARGET) -> None:
+        self.hpa = Hpa(1, max_replicas, HpaBehavior())
+        self.target = target
+        self.busy: dict[int, list[float]] = {}
+        self.snapshot: dict[int, float] = {}
+        self.next_scrape = -math.inf
+
+    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+        for pod, busy in zip(cluster.serving().tolist(), stats.busy.tolist(), strict=True):
+            acc = self.busy.setdefault(pod, [0.0, 0.0])
+            acc[0] += busy
+            acc[1] += 1.0
+        if at + 1e-9 >= self.next_scrape:
+            self.next_scrape = at + PROMETHEUS_SCRAPE_S
+            self.snapshot = {p: s / n for p, (s, n) in self.busy.items() if n}
+            self.busy = {}
+        if not self.hpa.due(at):
+            return None
+        current = cluster.replicas
+        values: list[float] = []
+        unready = 0
+        for pod in cluster.pods.values():
+            if pod.phase is Phase.READY:
+                values.append(self.snapshot.get(pod.id, 0.0))
+            elif pod.phase is Phase.LOADING:
+                values.append(0.0)
+            elif pod.phase is Phase.PENDING:
+                unready += 1
+        proposal = pods_metric_replicas(
+            current, np.asarray(values), unready, self.target, self.hpa.behavior.tolerance
+        )
+        return self.hpa.normalize(at, current, proposal)
+
+
+class KedaPrometheus:
+    """KEDA's Prometheus scaler on queue depth: `sum(vllm:num_requests_waiting)` with an
+    AverageValue `threshold` per replica and activationThreshold 0; HPA defaults (tolerance
+    0.1, 300 s scale-down window), pollingInterval 30 s, cooldownPeriod 300 s, min 0."""
+
+    name = "keda-prometheus"
+
+    def __init__(self, max_replicas: int, threshold: float) -> None:
+        self.keda = Keda(0)
+        self.hpa = Hpa(1, max_replicas, HpaBehavior())
+        self.threshold = threshold
+        self.scraped = 0.0
+        self.next_scrape = -math.inf
+
+    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+        if at + 1e-9 >= self.next_scrape:
+            self.next_scrape = at + PROMETHEUS_SCRAPE_S
+            self.scraped = float(stats.waiting)
+        current = cluster.replicas
+        wanted = current
+        if self.keda.due(at):
+            wanted = self.keda.poll(at, current, self.scraped > 0.0)
+        if wanted > 0 and current > 0 and self.hpa.due(at):
+            proposal = average_value_replicas(
+                current, self.scraped, self.threshold, self.hpa.behavior.tolerance
+            )
+            wanted = self.hpa.normalize(at, current, proposal)
+        return wanted
+
+
+def scaler_metadata(
+    target_concurrency: float,
+    slo_s: float,
+    cold_start_s: float,
+    max_replicas: int,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Trigger metadata as KEDA sends it (all strings) for the simulated vLLM workload."""
+    metadata = {
+        "scalerAddress": "gpu-queue-scaler.gpu-queue-scaler.svc:6000",
+        "backend": "vllm",
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "scrapeTargets": "10.0.0.1:8000",  # the simulator stands in for the scrape
+        "targetConcurrency": f"{target_concurrency:g}",
+        "queueTimeSloSeconds": f"{slo_s:g}",
+        "coldStartSeconds": f"{cold_start_s:g}",
+        "pollingIntervalSeconds": "30",
+        "maxReplicas": str(max_replicas),
+    }
+    metadata.update(extra or {})
+    return metadata
+
+
+class ScalerPolicy:
+    """This scaler: every evaluationIntervalSeconds the engine's steps (signal -> decide ->
+    learn, with `scaler.engine.Workload` keeping the forecast exactly as the server does); KEDA
+    polls IsActive (= decision.active) every 30 s with cooldownPeriod 300 s, and the HPA reads
+    GetMetrics (= decision.replicas, AverageValue target 1) every 15 s with the behavior the
+    project's ScaledObject examples set (tolerance 0, no stabilization windows)."""
+
+    name = "scaler"
+
+    def __init__(self, metadata: Mapping[str, str], config: Config | None = None) -> None:
+        self.config = config or Config()
+        trigger = parse_trigger("bench", "llama-3-8b", metadata)
+        self.spec: WorkloadSpec = resolve(trigger, self.config)
+        self.workload = Workload(trigger, 0.0)
+        self.state = PolicyState()
+        self.decision: Decision | None = None
+        self.interval = self.config.server.evaluation_interval_s
+        self.stale_s = self.config.server.stale_target_s
+        self.next_eval = -math.inf
+        self.keda = Keda(0)
+        self.hpa = Hpa(max(1, self.spec.min_replicas), self.spec.max_replicas, SCALER_BEHAVIOR)
+        self.decisions: list[Decision] = []
+
+    def evaluate(self, at: float, fleet: Fleet) -> Decision | None:
+        """One engine tick (scaler.engine.Engine._evaluate without the I/O)."""
+        signal = fleet.signal(at)
+        decision, self.state = decide(
+            self.spec,
+            signal,
+            self.state,
+            at,
+            self.stale_s,
+            outlook=self.workload.outlook(self.spec),
+        )
+        self.workload.learn(self.spec, at, decision)
+        return decision
+
+    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+        if at + 1e-9 >= self.next_eval:
+            self.next_eval = at + self.interval
+            self.decision = self.evaluate(at, fleet)
+            if self.decision is not None:
+                self.decisions.append(self.decision)
+        current = cluster.replicas
+        wanted = current
+        decision = self.decision
+        if decision is None:  # GetMetrics/IsActive fail: KEDA and the HPA change nothing
+            return None
+        if self.keda.due(at):
+            wanted = self.keda.poll(at, current, decision.active)
+        if wanted > 0 and current > 0 and self.hpa.due(at):
+            proposal = average_value_replicas(current, float(decision.replicas), 1.0, 0.0)
+            wanted = self.hpa.normalize(at, current, proposal)
+        return wanted
+
+
+@dataclass
+class Oracle:
+    """Perfect foresight: the Deployment follows a precomputed schedule (see `oracle_need` and
+    `oracle_schedule`), asking for each replica a full cold start before it is needed and
+    keeping it through any gap shorter than the cold start."""
+
+    schedule: IntArray
+    dt: float
+    name: str = "oracle"
+
+    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+        k = min(max(0, round(at / self.dt)), self.schedule.size - 1)
+        return int(self.schedule[k])
+
+
+def replica_slots(requests: Requests, service: ServiceProfile) -> int:
+    """Requests one replica holds at once on this trace: max_num_seqs, or fewer when the KV
+    cache fills first (mean prompt + half the output resident per request)."""
+    resident = float(np.mean(requests.input_tokens + requests.output_tokens / 2.0))
+    by_kv = int(service.kv_capacity_tokens // max(resident, 1.0))
+    return max(1, min(service.max_num_seqs, by_kv))
+
+
+def oracle_need(
+    requests: Requests,
+    service: ServiceProfile,
+    dt: float,
+    n_steps: int,
+    slots: int,
+    window_s: float = 30.0,
+) -> IntArray:
+    """Replicas each step needs so nobody queues, from the arrivals ahead; the larger of two
+    bounds, each at a full replica (`slots` requests, the most work per GPU-second):
+
+    - concurrency: requests in flight if each started on arrival and ran at a full replica's
+      speed, divided by `slots`;
+    - GPU time: GPU-seconds of work arriving per second (prompt tokens at the prefill rate,
+      output tokens at a full batch's decode cost per request) over a centred `window_s`.
+
+    At least one replica while anything is in flight. The run then refines it (`bump_need`)."""
+    starts = requests.arrivals_s
+    decode_s = np.maximum(requests.output_tokens - 1, 0) * service.decode_step_s(slots)
+    prefill_s = requests.input_tokens / service.prefill_tokens_per_s
+    ends = np.sort(starts + prefill_s + decode_s)
+    edges = np.arange(n_steps + 1) * dt
+    begun = np.searchsorted(starts, edges[1:], side="left")
+    over = np.searchsorted(ends, edges[:-1], side="right")
+    in_flight = begun - over
+    need = np.ceil(in_flight / slots).astype(np.int64)
+    cost = prefill_s + decode_s / slots  # GPU-seconds per request on a full replica
+    step = np.minimum((starts / dt).astype(np.int64), n_steps - 1)
+    work = np.bincount(step, weights=cost, minlength=n_steps)
+    width = max(1, round(window_s / dt))
+    kernel = np.ones(width) / (width * dt)
+    gpu = np.convolve(work, kernel, mode="same")
+    need = np.maximum(need, np.ceil(gpu - 1e-9).astype(np.int64))
+    need[(in_flight > 0) & (need < 1)] = 1
+    return need
+
+
+def oracle_schedule(need: IntArray, lead_steps: int) -> IntArray:
+    """Replicas to ask for at each step: the most needed within the next `lead_steps` (a cold
+    start), so a replica is asked for a cold start early and kept through shorter gaps."""
+    ahead = need.copy()
+    for shift in range(1, min(lead_steps, need.size) + 1):
+        np.maximum(ahead[:-shift], need[shift:], out=ahead[:-shift])
+    return ahead
+
+
+def bump_need(need: IntArray, late_steps: IntArray, width_steps: int) -> IntArray:
+    """10% more (at least one) replica up to `width_steps` before each step where the oracle's
+    run left a request late."""
+    bumped = need.copy()
+    marks = np.zeros(need.size + 1, dtype=np.int64)
+    lo = np.clip(late_steps - width_steps, 0, need.size)
+    hi = np.clip(late_steps + 1, 0, need.size)
+    np.add.at(marks, lo, 1)
+    np.add.at(marks, hi, -1)
+    hit = np.cumsum(marks)[:-1] > 0
+    bumped[hit] = np.maximum(bumped[hit] + 1, np.ceil(bumped[hit] * 1.1).astype(np.int64))
+    return bumped
+
+
+def keda_threshold(slots: int) -> float:
+    """Waiting requests per replica the KEDA baseline targets: a tenth of a replica's slots, a
+    typical hand-set value ("scale when ~10 requests queue per replica" at 100 slots)."""
+    return max(1.0, math.floor(slots / 10))

@@ -1,0 +1,201 @@
+"""Measures per policy, the sanity checks, the table, the JSON object and the plots.
+
+Why measures and not just cost: a policy is only cheaper if it serves as well, so every row pairs
+SLO attainment (share of all requests, dropped ones counting as misses, whose queue wait and TTFT
+are within the SLO) with what it paid (GPU-hours = live nodes x GPUs per node, cold starts
+included; dollars at the node type's on-demand price). Percentiles are over completed requests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scaler.sim.run import BenchResult, PolicyRun
+
+
+@dataclass(frozen=True)
+class Measures:
+    name: str
+    slo_attainment: float  # queue wait within the SLO
+    ttft_attainment: float  # TTFT within the SLO
+    p50_queue_wait_s: float
+    p99_queue_wait_s: float
+    p50_ttft_s: float
+    p99_ttft_s: float
+    gpu_hours: float
+    cost_usd: float
+    hours_at_zero_nodes: float
+    requests: int
+    completed: int
+    dropped: int
+    scale_events: int
+    peak_replicas: int
+    peak_nodes: int
+
+
+def _pct(values: np.ndarray[Any, np.dtype[np.float64]], q: float) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.percentile(finite, q)) if finite.size else math.nan
+
+
+def measure(run: PolicyRun, slo_s: float) -> Measures:
+    wait, ttft = run.queue_wait_s, run.ttft_s
+    n = int(run.arrivals_s.size)
+    within_wait = np.isfinite(wait) & (wait <= slo_s + 1e-9)
+    within_ttft = np.isfinite(ttft) & (ttft <= slo_s + 1e-9)
+    gpu_hours = run.gpu_seconds / 3600.0
+    return Measures(
+        name=run.name,
+        slo_attainment=float(within_wait.sum()) / n if n else 1.0,
+        ttft_attainment=float(within_ttft.sum()) / n if n else 1.0,
+        p50_queue_wait_s=_pct(wait, 50),
+        p99_queue_wait_s=_pct(wait, 99),
+        p50_ttft_s=_pct(ttft, 50),
+        p99_ttft_s=_pct(ttft, 99),
+        gpu_hours=gpu_hours,
+        cost_usd=gpu_hours / run.gpus_per_node * run.usd_per_node_hour,
+        hours_at_zero_nodes=run.zero_node_seconds / 3600.0,
+        requests=n,
+        completed=int(np.isfinite(run.finish_t).sum()),
+        dropped=int(run.dropped.sum()),
+        scale_events=run.scale_events,
+        peak_replicas=int(run.replicas.max()) if run.replicas.size else 0,
+        peak_nodes=int(run.nodes.max()) if run.nodes.size else 0,
+    )
+
+
+def checks(measures: list[Measures]) -> list[str]:
+    """The oracle must not be beaten: a policy that meets the SLO at least as well with fewer
+    GPU-hours means the oracle's schedule is not minimal on this run (a finding to report)."""
+    found: list[str] = []
+    oracle = next((m for m in measures if m.name == "oracle"), None)
+    for m in measures:
+        if m.completed + m.dropped != m.requests:
+            found.append(f"{m.name}: completed + dropped != requests")
+        if (
+            oracle is not None
+            and m is not oracle
+            and m.slo_attainment >= oracle.slo_attainment
+            and m.gpu_hours < oracle.gpu_hours - 1e-9
+        ):
+            found.append(
+                f"{m.name} meets the SLO as well as the oracle ({m.slo_attainment:.4f}) with "
+                f"fewer GPU-hours ({m.gpu_hours:.2f} < {oracle.gpu_hours:.2f}): the oracle's "
+                "schedule is not minimal here"
+            )
+    return found
+
+
+def to_json(result: BenchResult) -> dict[str, Any]:
+    """The `--json` object (issue 5): the keys it names, plus a few more per policy."""
+    cfg = result.config
+    measures = [measure(run, cfg.slo_s) for run in result.runs]
+    policies = []
+    for m in measures:
+        row = asdict(m)
+        policies.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                         for k, v in row.items()})  # fmt: skip
+    return {
+        "trace": result.trace,
+        "scale": result.scale,
+        "cold_start_s": cfg.cold_start_s,
+        "slo_s": cfg.slo_s,
+        "profile": cfg.profile.name,
+        "seed": cfg.seed,
+        "requests": result.requests.count,
+        "duration_s": result.requests.duration_s,
+        "replica_slots": result.slots,
+        "target_concurrency": result.target_concurrency,
+        "always_on_replicas": result.always_on_replicas,
+        "initial_replicas": result.initial_replicas,
+        "policies": policies,
+        "checks": checks(measures),
+        "notes": result.notes,
+    }
+
+
+def table(result: BenchResult) -> str:
+    cfg = result.config
+    measures = [measure(run, cfg.slo_s) for run in result.runs]
+    head = (
+        f"trace {result.trace}, scale {result.scale:g}: {result.requests.count} requests over "
+        f"{result.requests.duration_s / 60:.0f} min; profile {cfg.profile.name} "
+        f"({cfg.profile.node.name}, {cfg.profile.node.gpus} GPUs/node, "
+        f"${cfg.profile.node.on_demand_usd_per_hour:g}/h); cold start {cfg.cold_start_s:g} s "
+        f"(node {cfg.node_launch_s:g} s + model {cfg.model_load_s:g} s); SLO {cfg.slo_s:g} s; "
+        f"seed {cfg.seed}\n"
+        f"replica slots {result.slots}, scaler targetConcurrency {result.target_concurrency:g}, "
+        f"warm start {result.initial_replicas} replicas, always-on {result.always_on_replicas}\n"
+    )
+    columns = (
+        f"{'policy':<16}{'SLO wait':>9}{'SLO ttft':>9}{'p50 wait':>9}{'p99 wait':>9}"
+        f"{'p99 ttft':>9}{'GPU-h':>8}{'USD':>8}{'zero-h':>7}{'dropped':>8}{'events':>7}"
+        f"{'peak':>6}"
+    )
+    lines = [head, columns, "-" * len(columns)]
+    for m in measures:
+        lines.append(
+            f"{m.name:<16}{m.slo_attainment:>9.4f}{m.ttft_attainment:>9.4f}"
+            f"{m.p50_queue_wait_s:>9.2f}{m.p99_queue_wait_s:>9.2f}{m.p99_ttft_s:>9.2f}"
+            f"{m.gpu_hours:>8.2f}{m.cost_usd:>8.1f}{m.hours_at_zero_nodes:>7.2f}"
+            f"{m.dropped:>8d}{m.scale_events:>7d}{m.peak_replicas:>6d}"
+        )
+    for note in checks(measures) + result.notes:
+        lines.append(f"check: {note}")
+    return "\n".join(lines)
+
+
+def plot(result: BenchResult, directory: str | Path) -> list[Path]:
+    """PNG plots: demand, replicas and nodes per policy over time; queue-wait distribution.
+    matplotlib is imported here only (`pip install -e '.[sim]'`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    dt = result.dt
+    bin_s = 60.0
+    arrivals = result.requests.arrivals_s
+    bins = np.arange(0.0, result.requests.duration_s + bin_s, bin_s)
+    rate = np.histogram(arrivals, bins)[0] / bin_s
+    fig, axes = plt.subplots(3, 1, figsize=(11, 10), sharex=True)
+    axes[0].step(bins[:-1] / 60, rate, where="post", color="black")
+    axes[0].set_ylabel("arrivals (req/s, 1 min)")
+    axes[0].set_title(
+        f"{result.trace} x{result.scale:g}, cold start {result.config.cold_start_s:g} s"
+    )
+    for run in result.runs:
+        minutes = np.arange(run.ready.size) * dt / 60
+        axes[1].plot(minutes, run.ready, label=run.name, lw=1.2)
+        axes[2].plot(minutes, run.nodes, label=run.name, lw=1.2)
+    axes[1].set_ylabel("ready replicas")
+    axes[2].set_ylabel("nodes")
+    axes[2].set_xlabel("minutes")
+    axes[1].legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fleet_png = out / "fleet.png"
+    fig.savefig(fleet_png, dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for run in result.runs:
+        wait = run.queue_wait_s
+        wait = np.sort(np.where(np.isfinite(wait), wait, np.inf))
+        shown = np.clip(wait, 1e-3, None)
+        ax.plot(shown, np.arange(1, wait.size + 1) / wait.size, label=run.name)
+    ax.axvline(result.config.slo_s, color="grey", ls="--", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("queue wait (s; dropped never arrive at 1)")
+    ax.set_ylabel("share of requests")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    wait_png = out / "queue_wait.png"
+    fig.savefig(wait_png, dpi=110)
+    plt.close(fig)
+    return [fleet_png, wait_png]

@@ -1,0 +1,306 @@
+"""The simulation loop: one fixed-step run per policy, same requests, same seed, same start.
+
+Why a fixed step: every controller in the loop (KEDA's 30 s poll, the HPA's 15 s sync, the
+scaler's 5 s evaluation, Karpenter, the servers) acts on a clock anyway; a step of `dt` (1 s by
+default) with per-request work vectorised keeps a one-hour trace at tens of GPUs for five policies
+well under a minute, and every loop has a bound. Step k covers [k dt, (k + 1) dt): the cluster
+advances (nodes, model loads, drains, consolidation, billing), the fleet admits and serves, then
+the policy sees the end-of-step state and may change the Deployment's replica count.
+
+Every run starts warm: the first `warm_window_s` of the trace is replayed once before t = 0 (a
+pre-roll, unbilled and unmeasured) on the starting fleet, so at t = 0 queues, rate windows, the
+HPA's recommendations and the scaler's stabilization window hold a real history, as they do in a
+cluster that was already running (the scaler's engine replays Prometheus history for the same
+reason). After the trace ends the run keeps serving (unbilled) for up to `drain_s` so requests in
+flight finish; whatever is still queued or running then counts as dropped. Billing covers the
+trace's span.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from scaler.sim.cluster import Cluster, ClusterConfig
+from scaler.sim.fleet import Fleet
+from scaler.sim.policies import (
+    NAMES,
+    AlwaysOn,
+    HpaGpuUtil,
+    KedaPrometheus,
+    Oracle,
+    Policy,
+    ScalerPolicy,
+    bump_need,
+    keda_threshold,
+    oracle_need,
+    oracle_schedule,
+    replica_slots,
+    scaler_metadata,
+)
+from scaler.sim.profiles import Profile
+from scaler.sim.workload import Requests
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+Progress = Callable[[int], None]
+
+
+class SimulationError(RuntimeError):
+    """A sanity check failed: a bug in the simulator, not a finding about a policy."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    profile: Profile
+    cold_start_s: float = 180.0  # node launch + model load for a replica that needs a new node
+    slo_s: float = 2.0  # queue wait and TTFT objective
+    dt: float = 1.0
+    seed: int = 0
+    max_wait_s: float = 600.0  # a client gives up after this long in the queue (dropped)
+    drain_s: float = 900.0
+    consolidate_after_s: float = 60.0
+    termination_grace_s: float = 30.0
+    warm_window_s: float = 300.0  # the starting fleet covers the oracle's need over this span
+    oracle_iterations: int = 3  # refinements of the oracle's schedule (bounded)
+    max_replicas: int | None = None  # default: twice the always-on fleet
+    scaler_metadata: Mapping[str, str] = field(default_factory=dict)  # extra trigger keys
+    policies: tuple[str, ...] = NAMES
+
+    @property
+    def model_load_s(self) -> float:
+        return min(self.profile.service.model_load_s, self.cold_start_s)
+
+    @property
+    def node_launch_s(self) -> float:
+        return self.cold_start_s - self.model_load_s
+
+
+@dataclass
+class PolicyRun:
+    """One policy's outcome: per-request times and the fleet over time."""
+
+    name: str
+    arrivals_s: FloatArray
+    admit_t: FloatArray
+    first_token_t: FloatArray
+    finish_t: FloatArray
+    dropped: NDArray[np.bool_]
+    gpu_seconds: float
+    zero_node_seconds: float
+    scale_events: int
+    replicas: IntArray  # Deployment replicas at the end of each step
+    ready: IntArray
+    nodes: IntArray
+    waiting: IntArray
+    gpus_per_node: int
+    usd_per_node_hour: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def queue_wait_s(self) -> FloatArray:
+        return self.admit_t - self.arrivals_s
+
+    @property
+    def ttft_s(self) -> FloatArray:
+        return self.first_token_t - self.arrivals_s
+
+
+@dataclass
+class BenchResult:
+    trace: str
+    scale: float
+    config: SimConfig
+    requests: Requests
+    runs: list[PolicyRun]
+    slots: int
+    target_concurrency: float
+    always_on_replicas: int
+    initial_replicas: int
+    dt: float
+    notes: list[str] = field(default_factory=list)
+
+
+def simulate(
+    policy: Policy,
+    requests: Requests,
+    cfg: SimConfig,
+    initial_replicas: int,
+    progress: Progress | None = None,
+) -> PolicyRun:
+    """Run one policy over the whole trace (plus the drain) from a warm fleet."""
+    dt = cfg.dt
+    trace_steps = math.ceil(requests.duration_s / dt)
+    pre_steps = math.ceil(min(cfg.warm_window_s, requests.duration_s) / dt)
+    pre_s = pre_steps * dt
+    replay = with_preroll(requests, pre_s)
+    n_pre = replay.count - requests.count
+    max_steps = pre_steps + trace_steps + math.ceil(cfg.drain_s / dt)
+    svc, node = cfg.profile.service, cfg.profile.node
+    fleet = Fleet(replay, svc, dt, max_steps, cfg.max_wait_s)
+    cluster = Cluster(
+        ClusterConfig(
+            node=node,
+            node_launch_s=cfg.node_launch_s,
+            model_load_s=cfg.model_load_s,
+            consolidate_after_s=cfg.consolidate_after_s,
+            termination_grace_s=cfg.termination_grace_s,
+        )
+    )
+    cluster.warm(initial_replicas, -pre_s)
+    series = np.zeros((4, max_steps), dtype=np.int64)
+    events = 0
+    steps = 0
+    reported = 0
+    for k in range(max_steps):
+        t = (k - pre_steps) * dt
+        draining = cluster.draining()
+        running = dict(
+            zip(draining.tolist(), fleet.running_per_pod(draining).tolist(), strict=True)
+        )
+        billed = pre_steps <= k < pre_steps + trace_steps
+        killed = cluster.tick(t, dt if billed else 0.0, running)
+        fleet.kill(killed)
+        stats = fleet.step(t, cluster.serving())
+        wanted = policy.act(t + dt, fleet, cluster, stats)
+        if wanted is not None and wanted != cluster.replicas:
+            cluster.scale_to(t + dt, wanted)
+            events += 1
+        series[:, k] = (cluster.replicas, cluster.ready, cluster.live_nodes, stats.waiting)
+        steps = k + 1
+        if progress is not None and steps - reported >= 100:
+            progress(steps - reported)
+            reported = steps
+        if k >= pre_steps + trace_steps and fleet.head >= replay.count and fleet.running == 0:
+            break
+    if progress is not None:
+        progress(max_steps - reported)  # the bar's full share
+    # Whatever is still queued or running when the drain ends counts as dropped.
+    unfinished = ~np.isfinite(fleet.finish_t) & ~fleet.dropped
+    fleet.dropped[unfinished] = True
+    fleet.admit_t[fleet.dropped] = np.nan
+    fleet.first_token_t[fleet.dropped] = np.nan
+    fleet.finish_t[fleet.dropped] = np.nan
+    completed = int(np.isfinite(fleet.finish_t).sum())
+    if completed + int(fleet.dropped.sum()) != replay.count:
+        raise SimulationError(
+            f"{policy.name}: {completed} completed + {int(fleet.dropped.sum())} dropped != "
+            f"{replay.count} requests"
+        )
+    measured = slice(n_pre, None)
+    kept = slice(pre_steps, max(steps, pre_steps))
+    return PolicyRun(
+        name=policy.name,
+        arrivals_s=requests.arrivals_s,
+        admit_t=fleet.admit_t[measured],
+        first_token_t=fleet.first_token_t[measured],
+        finish_t=fleet.finish_t[measured],
+        dropped=fleet.dropped[measured],
+        gpu_seconds=cluster.gpu_seconds,
+        zero_node_seconds=cluster.zero_node_seconds,
+        scale_events=events,
+        replicas=series[0, kept],
+        ready=series[1, kept],
+        nodes=series[2, kept],
+        waiting=series[3, kept],
+        gpus_per_node=node.gpus,
+        usd_per_node_hour=node.on_demand_usd_per_hour,
+    )
+
+
+def with_preroll(requests: Requests, pre_s: float) -> Requests:
+    """The requests with the trace's first `pre_s` seconds replayed once before t = 0."""
+    if pre_s <= 0:
+        return requests
+    first = requests.arrivals_s < pre_s
+    return Requests(
+        arrivals_s=np.concatenate([requests.arrivals_s[first] - pre_s, requests.arrivals_s]),
+        input_tokens=np.concatenate([requests.input_tokens[first], requests.input_tokens]),
+        output_tokens=np.concatenate([requests.output_tokens[first], requests.output_tokens]),
+        duration_s=requests.duration_s,
+        name=requests.name,
+    )
+
+
+def _late_steps(run: PolicyRun, slo_s: float, dt: float) -> IntArray:
+    wait = run.queue_wait_s
+    late = run.dropped | ~(np.nan_to_num(wait, nan=np.inf) <= slo_s)
+    return (run.arrivals_s[late] // dt).astype(np.int64)
+
+
+def run_bench(
+    requests: Requests, cfg: SimConfig, scale: float = 1.0, progress: Progress | None = None
+) -> BenchResult:
+    """Every policy in `cfg.policies` on the same requests, the oracle first (it sizes the
+    always-on fleet and the warm start)."""
+    unknown = [name for name in cfg.policies if name not in NAMES]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; known: {', '.join(NAMES)}")
+    if requests.count == 0:
+        raise ValueError(f"{requests.name}: no requests to replay")
+    dt = cfg.dt
+    trace_steps = math.ceil(requests.duration_s / dt)
+    svc = cfg.profile.service
+    slots = replica_slots(requests, svc)
+    lead = math.ceil(cfg.cold_start_s / dt) + 1
+    need = oracle_need(requests, svc, dt, trace_steps, slots)
+    warm_steps = max(1, math.ceil(cfg.warm_window_s / dt))
+    initial = max(1, int(oracle_schedule(need, lead)[:warm_steps].max()))
+    notes: list[str] = []
+    runs: dict[str, PolicyRun] = {}
+    if "oracle" in cfg.policies:
+        best: PolicyRun | None = None
+        for i in range(max(1, cfg.oracle_iterations + 1)):
+            schedule = oracle_schedule(need, lead)
+            run = simulate(Oracle(schedule, dt), requests, cfg, initial, progress)
+            best = run
+            late = _late_steps(run, cfg.slo_s, dt)
+            if late.size == 0:
+                break
+            if i < cfg.oracle_iterations:
+                need = bump_need(need, late, max(1, math.ceil(30.0 / dt)))
+        assert best is not None
+        runs["oracle"] = best
+    peak = max(1, int(need.max()))
+    max_replicas = cfg.max_replicas or max(2 * peak, initial)
+    target = max(1.0, math.floor(0.8 * slots))
+    metadata = scaler_metadata(
+        target, cfg.slo_s, cfg.cold_start_s, max_replicas, dict(cfg.scaler_metadata)
+    )
+    factories: dict[str, Callable[[], Policy]] = {
+        "always-on": lambda: AlwaysOn(peak),
+        "hpa-gpu-util": lambda: HpaGpuUtil(max_replicas),
+        "keda-prometheus": lambda: KedaPrometheus(max_replicas, keda_threshold(slots)),
+        "scaler": lambda: ScalerPolicy(metadata),
+    }
+    for name in cfg.policies:
+        if name == "oracle":
+            continue
+        start = peak if name == "always-on" else initial
+        runs[name] = simulate(factories[name](), requests, cfg, start, progress)
+    ordered = [runs[name] for name in NAMES if name in runs]
+    return BenchResult(
+        trace=requests.name,
+        scale=scale,
+        config=cfg,
+        requests=requests,
+        runs=ordered,
+        slots=slots,
+        target_concurrency=target,
+        always_on_replicas=peak,
+        initial_replicas=initial,
+        dt=dt,
+        notes=notes,
+    )
+
+
+def total_steps(requests: Requests, cfg: SimConfig) -> int:
+    """Steps a full bench may take (for a progress bar): every policy, the oracle's refinements."""
+    pre = math.ceil(min(cfg.warm_window_s, requests.duration_s) / cfg.dt)
+    per_run = pre + math.ceil(requests.duration_s / cfg.dt) + math.ceil(cfg.drain_s / cfg.dt)
+    runs = len(cfg.policies) + (cfg.oracle_iterations if "oracle" in cfg.policies else 0)
+    return per_run * runs
