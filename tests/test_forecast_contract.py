@@ -18,6 +18,7 @@ from scaler.forecast import (
     ScalerForecaster,
     SeasonalHolt,
     SeasonalNaive,
+    SimpleExponential,
 )
 
 H = 6
@@ -41,6 +42,7 @@ SPECS = [
     Spec(Naive),
     Spec(MovingAverage, {"window": 4}),
     Spec(SeasonalNaive, {"period": PERIOD}),
+    Spec(SimpleExponential),
     Spec(HoltDamped),
     Spec(SeasonalHolt, {"period": PERIOD}),
     Spec(ScalerForecaster, {"horizon": H, "period": PERIOD, "min_errors": 3}),

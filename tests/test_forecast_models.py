@@ -13,9 +13,11 @@ from scaler.forecast import (
     ScalerForecaster,
     SeasonalHolt,
     SeasonalNaive,
+    SimpleExponential,
     pinball_loss,
 )
 from scaler.forecast.models import damped_sums
+from scaler.forecast.select import top_experts
 
 SEASONAL = {"seasonal_naive", "seasonal_holt"}
 
@@ -204,3 +206,76 @@ def test_error_quantiles_fallback_and_missing() -> None:
 def test_pinball_loss() -> None:
     y = np.array([10.0, 10.0])
     assert pinball_loss(y, np.array([0.0, 20.0]), 0.9) == pytest.approx([9.0, 1.0])
+
+
+def test_simple_exponential_known_answer() -> None:
+    model = SimpleExponential(1, alpha=0.5).fit(np.array([[2.0, 4.0, np.nan, 8.0]]))
+    # 2 -> 2 + 0.5 * (4 - 2) = 3 -> missing skipped -> 3 + 0.5 * (8 - 3) = 5.5
+    assert np.array_equal(model.predict(3), [[5.5, 5.5, 5.5]])
+
+
+def test_top_experts_picks_the_least_loss_among_usable() -> None:
+    loss = np.array([[3.0, 1.0], [1.0, 1.0], [2.0, 0.5], [0.1, 9.0]])
+    usable = np.array([[True, True], [True, True], [True, False], [False, True]])
+    order, weight = top_experts(loss, usable, 3)
+    assert order[:, 0].tolist() == [1, 2, 0]  # expert 3 is best but not usable
+    assert order[:, 1].tolist() == [0, 1, 3]  # a tie goes to the earlier expert
+    assert weight.tolist() == [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]
+    order, weight = top_experts(loss, np.eye(4, 2, dtype=bool), 3)
+    assert weight[:, 0].tolist() == [1.0, 0.0, 0.0]  # only one usable: it alone counts
+
+
+def test_scaler_ramp_bound_stays_above_the_ramp() -> None:
+    """A steady ramp: the point follows it and the bound covers the value `horizon` bins ahead."""
+    horizon, t = 6, 200
+    ramp = 10.0 + 2.0 * np.arange(t + horizon)
+    forecaster = ScalerForecaster(1, horizon)
+    covered = []
+    for i in range(t):
+        forecaster.update(ramp[i : i + 1])
+        if i >= 50:
+            result = forecaster.predict(horizon)
+            covered.append(result.upper[0, -1] >= ramp[i + horizon])
+            assert result.point[0, -1] > ramp[i] - 2.0 * 12  # no worse than a 12-bin mean's lag
+    assert np.mean(covered) >= 0.85
+
+
+def test_scaler_step_is_followed() -> None:
+    """After a step from 10 to 50 the combined point is within 10% of 50 in 12 bins and the
+    bound is back near the point once the errors of the step have been forgotten."""
+    ys = np.r_[np.full(100, 10.0), np.full(300, 50.0)][None, :]
+    result = ScalerForecaster(1, 6).fit(ys[:, :112]).predict(6)
+    assert np.all(np.abs(result.point - 50.0) <= 5.0)
+    settled = ScalerForecaster(1, 6).fit(ys).predict(6)
+    assert np.allclose(settled.point, 50.0) and np.all(settled.upper - 50.0 < 1.0)
+
+
+@pytest.mark.parametrize("k", [1, 6])
+def test_heavy_tailed_noise_bound_is_calibrated(k: int) -> None:
+    """Stationary but skewed, heavy-tailed demand (lognormal): the learnt z and the calibration
+    bring the hit rate of the upper bound to within 5 points of 0.9 at every step."""
+    rng = np.random.default_rng(4)
+    n, t, horizon, warmup = 20, 800, 6, 200
+    ys = rng.lognormal(3.0, 0.8, (n, t))
+    forecaster = ScalerForecaster(n, horizon)
+    upper = np.full((n, t), np.nan)
+    for i in range(t):
+        forecaster.update(ys[:, i])
+        upper[:, i] = forecaster.predict(horizon).upper[:, k - 1]
+    covered = ys[:, warmup + k :] <= upper[:, warmup : t - k]
+    assert 0.85 <= covered.mean() <= 0.95, covered.mean()
+
+
+def test_scaled_experts_widen_the_bound_when_demand_turns_volatile() -> None:
+    """Calm (noise 1) then volatile (noise 10) around the same level: the bound widens after the
+    change, before the raw errors alone could (the scaled experts read the volatility now)."""
+    rng = np.random.default_rng(8)
+    calm = 100.0 + rng.normal(0, 1, 300)
+    wild = 100.0 + rng.normal(0, 10, 30)
+    forecaster = ScalerForecaster(1, 3).fit(calm[None, :])
+    before = forecaster.predict(3)
+    gap_before = float(before.upper[0, -1] - before.point[0, -1])
+    forecaster.fit(np.r_[calm, wild][None, :])
+    after = forecaster.predict(3)
+    assert after.upper[0, -1] - after.point[0, -1] > 3.0 * gap_before
+    assert len(forecaster.experts) == 2 * len(forecaster.candidates) == forecaster.loss.shape[1]

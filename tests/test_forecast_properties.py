@@ -18,6 +18,7 @@ from scaler.forecast import (
     ScalerForecaster,
     SeasonalHolt,
     SeasonalNaive,
+    SimpleExponential,
 )
 
 H = 5
@@ -29,6 +30,7 @@ def makers(n: int) -> list[Any]:
         MovingAverage(n, window=3),
         SeasonalNaive(n, period=4),
         HoltDamped(n),
+        SimpleExponential(n),
         SeasonalHolt(n, period=3),
         ScalerForecaster(n, H, period=4, min_errors=2, window=8),
     ]
@@ -109,7 +111,7 @@ def test_update_time_for_1000_series_is_printed_not_asserted() -> None:
         result = forecaster.predict(12)
         predicts.append(time.perf_counter() - start)
     print(
-        f"\nScalerForecaster N={n} horizon=12 period=48 (5 candidates), median of {timed}: "
+        f"\nScalerForecaster N={n} horizon=12 period=48 (14 experts), median of {timed}: "
         f"{np.median(updates) * 1e3:.2f} ms per update, {np.median(predicts) * 1e3:.2f} ms "
         "per predict"
     )

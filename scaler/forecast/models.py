@@ -10,8 +10,8 @@ simply skip the bin; seasonal models share one bin clock across series (the phas
 not stop for a failed scrape), so the bin passes but the series learns nothing from it.
 
 Parameters are fixed defaults from the usual textbook ranges rather than fitted per series: the
-selector in `select.py` chooses between models per series instead, which is cheaper, robust on
-short histories, and explains itself by name.
+forecaster in `select.py` ranks and combines models per series instead, which is cheaper, robust
+on short histories, and explains itself by name.
 
 The update and forecast arithmetic lives in module-level functions (`*_step`, `*_forecast`) so a
 compiled version can replace them without touching the classes.
@@ -43,6 +43,7 @@ __all__ = [
     "Naive",
     "SeasonalHolt",
     "SeasonalNaive",
+    "SimpleExponential",
     "damped_sums",
     "holt_forecast",
     "holt_step",
@@ -359,6 +360,35 @@ class SeasonalNaive(_Base):
             "seen": self._seen.copy(),
             "last": self._last.copy(),
         }
+
+
+class SimpleExponential(_Base):
+    """Simple exponential smoothing (a flat forecast at an exponentially weighted level).
+
+    Default alpha=0.3: between Naive (alpha 1) and a long moving average; the level forgets
+    half of an old observation in about two bins, so a step is followed within ~10 bins.
+    """
+
+    name = "ses"
+
+    def __init__(self, n_series: int, alpha: float = 0.3) -> None:
+        self.alpha = check_unit(alpha, "alpha")
+        super().__init__(n_series)
+
+    def _reset(self) -> None:
+        self._level = np.zeros(self.n_series)
+        self._n_obs = np.zeros(self.n_series, dtype=np.int64)
+
+    def _step(self, y: FloatArray, ok: BoolArray) -> None:
+        new = np.where(self._n_obs > 0, self._level + self.alpha * (y - self._level), y)
+        self._level = np.where(ok, new, self._level)
+        self._n_obs = self._n_obs + ok
+
+    def _predict(self, h: int) -> FloatArray:
+        return np.repeat(self._level[:, None], h, axis=1)
+
+    def state(self) -> State:
+        return {"level": self._level.copy(), "n_obs": self._n_obs.copy()}
 
 
 class HoltDamped(_Base):

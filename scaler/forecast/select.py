@@ -1,18 +1,45 @@
-"""The scaler's forecaster: run every candidate model, use per series the one that has lately
-been best at the bound the scaler acts on.
+"""The scaler's forecaster: run every candidate model, combine per series the few that have lately
+been best at the bound the scaler acts on, and keep that bound calibrated.
 
-A workload with a daily cycle ends up on a seasonal model once two periods are seen; a bursty one
-on whichever simple model's 0.9 bound has been tightest without being beaten by the demand. The
-score is the pinball loss at q of each candidate's upper bound at the evaluation step, issued
-that many bins earlier: pinball loss is minimised by the true q-quantile, so it rewards a bound
-that is both high enough and no higher than needed. It is an exponentially weighted mean, so the
-choice follows regime changes, and a challenger must beat the current choice by `margin`
-(relative) so the choice does not flap between near-equal models.
+Experts. Each candidate point model (Naive, two moving averages, simple exponential smoothing,
+damped Holt; with a `period` also SeasonalNaive and SeasonalHolt) is paired with two interval
+methods, so there are two experts per candidate:
+
+- *raw*: the bound is point + an upper quantile of the model's own recent errors at that step;
+- *scaled*: the same, on errors divided by the series' local volatility when the forecast was
+  issued (exponentially weighted mean absolute deviation from a smoothed level), multiplied back
+  by today's volatility. It widens the bound when demand turns volatile (a busy period of a
+  Poisson-like load, a day's peak) and narrows it when calm, where the raw one reacts only after
+  the misses.
+
+Quantiles without sorting. Per expert, series and horizon step the errors e are summarised by an
+exponentially weighted mean m and mean absolute deviation s (weight 1/n, at least 1/`window`),
+and the bound's offset is m + z * s, where z is learnt by stochastic gradient on the pinball
+loss: +q * `z_rate` after a miss (e > m + z * s), -(1 - q) * `z_rate` after a hit, so the hit
+rate of the offset tracks q whatever the error distribution (skewed, heavy-tailed, bounded at 0),
+and a change of scale is followed at once through s. O(1) state and work per (expert, series,
+step): no windows are kept or sorted. Until `min_errors` errors are seen, a scale-based offset
+stands in (the series' mean absolute one-step change, random-walk growth sqrt(k)).
+
+Combination. The score of an expert is the exponentially weighted pinball loss at q of its
+upper bound at `eval_step` (by default the horizon: the forecast for when a replica started now
+would be ready), issued that many bins earlier. Pinball loss is minimised by the true q-quantile,
+so it rewards a bound that is high enough and no higher than needed. The forecast is the
+unweighted mean of the `top` best experts' points and bounds (per series): averaging a few good
+forecasts cancels part of their errors and does not flap between near-equal models as a hard
+choice does. An expert competes once it is ready and `min_errors` of its bounds were scored;
+Naive with the raw bound always competes, so every series has a forecast.
+
+Calibration. Finally, per series and step, an additive correction to the combined bound keeps its
+own recent hit rate at q (adaptive conformal style): after each scored bound it moves by
+`calibration_rate` * (mean absolute error of the combined point) * (miss - (1 - q)).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Self
 
 import numpy as np
@@ -29,7 +56,6 @@ from scaler.forecast._arrays import (
     check_unit,
     observe,
 )
-from scaler.forecast.intervals import ErrorQuantiles
 from scaler.forecast.models import (
     HoltDamped,
     Model,
@@ -37,14 +63,22 @@ from scaler.forecast.models import (
     Naive,
     SeasonalHolt,
     SeasonalNaive,
+    SimpleExponential,
 )
 
-__all__ = ["ForecastResult", "ScalerForecaster", "choose", "pinball_loss"]
+__all__ = ["ForecastResult", "ScalerForecaster", "pinball_loss", "top_experts"]
+
+# Mean absolute change -> standard deviation, for normal increments (E|X| = sigma * sqrt(2/pi)).
+_MAD_TO_SIGMA = math.sqrt(math.pi / 2.0)
+_LEVEL_ALPHA = 0.3  # smoothed level the volatility is measured against
+_VOL_ALPHA = 0.1  # volatility: exponentially weighted mean absolute deviation from that level
+_CALIBRATION_MEMORY = 50.0  # bins: the combined point's mean absolute error
 
 
 @dataclass(frozen=True, eq=False)
 class ForecastResult:
-    """Forecasts for steps 1..h, each array of shape (N, h); `model` names the model per series."""
+    """Forecasts for steps 1..h, each array of shape (N, h); `model` names the model per series
+    (the best-ranked expert's point model)."""
 
     point: FloatArray
     upper: FloatArray
@@ -58,28 +92,28 @@ def pinball_loss(y: FloatArray, bound: FloatArray, q: float) -> FloatArray:
     return np.maximum(q * diff, (q - 1.0) * diff)
 
 
-def choose(loss: FloatArray, usable: BoolArray, current: IntArray, margin: float) -> IntArray:
-    """Per series (columns), the usable candidate (rows) with the least loss, keeping the current
-    one unless the best beats it by the relative `margin`. Ties go to the earlier candidate."""
+def top_experts(loss: FloatArray, usable: BoolArray, top: int) -> tuple[IntArray, FloatArray]:
+    """Per series (columns), the `top` usable experts (rows) with the least loss, best first,
+    and their weights (1 for a usable pick, 0 where fewer than `top` are usable). Ties go to the
+    earlier expert."""
     masked = np.where(usable, loss, np.inf)
-    best = np.argmin(masked, axis=0)
-    columns = np.arange(loss.shape[1])
-    switch = masked[best, columns] < masked[current, columns] * (1.0 - margin)
-    return np.where(switch | ~usable[current, columns], best, current)
+    order = np.argsort(masked, axis=0, kind="stable")[:top]
+    weight = np.take_along_axis(usable, order, axis=0).astype(np.float64)
+    return order, weight
 
 
 class ScalerForecaster:
-    """Candidates: Naive, MovingAverage, HoltDamped, and with a `period` SeasonalNaive and
-    SeasonalHolt, all updated with the same observations, each with its own ErrorQuantiles.
+    """Candidates Naive, MovingAverage (6 and 12 bins), SimpleExponential, HoltDamped, and with a
+    `period` SeasonalNaive and SeasonalHolt, all updated with the same observations; two experts
+    (raw and volatility-scaled bounds) per candidate; the mean of the `top` best experts, with a
+    calibrated bound. See the module docstring.
 
-    A candidate competes for a series once it is `ready` there and `min_errors` of its bounds
-    have been scored; until then (and on ties) the series uses Naive, the first candidate.
-
-    Defaults: `quantile` 0.9 (the bound the policy scales on); `eval_step` = `horizon` (the
-    forecast that matters is the one for when a replica started now would be ready); error
-    `window` 100 bins with at least `min_errors` 10 before trusting the empirical quantile;
-    loss `halflife` 48 bins (recent enough to follow a change of regime, long enough that a few
-    bursts do not decide); switching `margin` 5%.
+    Defaults: `quantile` 0.9 (the bound the policy scales on); `eval_step` = `horizon`; error
+    statistics over about `window` 100 bins (exponential weight at least 1/100), trusted after
+    `min_errors` 10; z starts at the normal's 0.9 quantile in mean-absolute-deviation units
+    (1.6) and learns at `z_rate` 0.01 per error; expert loss `halflife` 48 bins (recent enough to
+    follow a change of regime, long enough that a few bursts do not decide); `top` 3 experts;
+    `calibration_rate` 0.02. One configuration for every workload: nothing is tuned per series.
     """
 
     name = "scaler"
@@ -95,7 +129,9 @@ class ScalerForecaster:
         window: int = 100,
         min_errors: int = 10,
         halflife: float = 48.0,
-        margin: float = 0.05,
+        top: int = 3,
+        z_rate: float = 0.01,
+        calibration_rate: float = 0.02,
     ) -> None:
         self.n_series = check_count(n_series, "n_series")
         self.horizon = check_count(horizon, "horizon")
@@ -111,94 +147,213 @@ class ScalerForecaster:
         if not halflife > 0:
             raise ValueError(f"halflife must be > 0, got {halflife!r}")
         self.halflife = float(halflife)
-        self.margin = check_unit(margin, "margin", closed_low=True)
+        self.top = check_count(top, "top")
+        self.z_rate = check_unit(z_rate, "z_rate")
+        self.calibration_rate = check_unit(calibration_rate, "calibration_rate", closed_low=True)
+        z = NormalDist().inv_cdf(self.quantile)
+        self._z0 = z * _MAD_TO_SIGMA  # the normal's q-quantile in mean-absolute-deviation units
+        self._fallback = z * _MAD_TO_SIGMA * np.sqrt(np.arange(1.0, self.horizon + 1.0))
+        self._steps = np.arange(1, self.horizon + 1)
+        self._decay = 1.0 - 0.5 ** (1.0 / self.halflife)
         self._reset()
 
     def _candidates(self) -> list[Model]:
         n = self.n_series
-        models: list[Model] = [Naive(n), MovingAverage(n), HoltDamped(n)]
+        long_average = MovingAverage(n, window=12)
+        long_average.name = "moving_average_12"
+        models: list[Model] = [
+            Naive(n),
+            MovingAverage(n),
+            long_average,
+            SimpleExponential(n),
+            HoltDamped(n),
+        ]
         if self.period is not None:
             models += [SeasonalNaive(n, self.period), SeasonalHolt(n, self.period)]
         return models
 
     def _reset(self) -> None:
         self._models = self._candidates()
-        self._errors = [
-            ErrorQuantiles(
-                self.n_series,
-                self.horizon,
-                self.window,
-                (1.0 - self.quantile, self.quantile),
-                self.min_errors,
-            )
-            for _ in self._models
-        ]
-        c, n = len(self._models), self.n_series
+        c, n, h = len(self._models), self.n_series, self.horizon
+        e = 2 * c
         self._t = 0
-        self._issued = np.full((c, n, self.eval_step), np.nan)  # upper bounds awaiting actuals
-        self._loss = np.zeros((c, n))
-        self._n_scored = np.zeros((c, n), dtype=np.int64)
-        self._choice = np.zeros(n, dtype=np.int64)
+        # Time bookkeeping (rings indexed by issue bin mod horizon), not learnt state:
+        self._pending = np.full((c, n, h, h), np.nan)  # candidates' points awaiting actuals
+        self._vol_issued = np.full((n, h), np.nan)  # volatility each forecast was issued with
+        self._issued = np.full((e, n, self.eval_step), np.nan)  # experts' bounds at eval_step
+        self._point_issued = np.full((n, h, h), np.nan)  # the combined point and bound
+        self._upper_issued = np.full((n, h, h), np.nan)
+        # Per expert, series and step: error mean, mean absolute deviation, z, count.
+        self._m = np.zeros((e, n, h))
+        self._s = np.zeros((e, n, h))
+        self._z = np.full((e, n, h), self._z0)
+        self._n = np.zeros((e, n, h), dtype=np.int64)
+        self._loss = np.zeros((e, n))
+        self._n_scored = np.zeros((e, n), dtype=np.int64)
+        # Per series: level and volatility (scaled experts), mean one-step change (fallback).
+        self._level = np.zeros(n)
+        self._has_level = np.zeros(n, dtype=np.bool_)
+        self._vol = np.zeros(n)
+        self._has_vol = np.zeros(n, dtype=np.bool_)
+        self._prev = np.zeros(n)
+        self._has_prev = np.zeros(n, dtype=np.bool_)
+        self._n_changes = np.zeros(n, dtype=np.int64)
+        self._scale = np.zeros(n)
+        # Calibration of the combined bound, per series and step.
+        self._mae = np.zeros((n, h))
+        self._n_calibrated = np.zeros((n, h), dtype=np.int64)
+        self._adjust = np.zeros((n, h))
+        # The current forecast.
+        self._best = np.zeros(n, dtype=np.int64)
+        self._point = np.zeros((n, h))
+        self._upper = np.zeros((n, h))
+        self._lower = np.zeros((n, h))
 
     @property
     def candidates(self) -> tuple[str, ...]:
+        """The point models, in order."""
         return tuple(model.name for model in self._models)
 
     @property
+    def experts(self) -> tuple[str, ...]:
+        """Point model and interval method of each expert, in the order of `loss`'s columns."""
+        names = self.candidates
+        return tuple(f"{name}/raw" for name in names) + tuple(f"{name}/scaled" for name in names)
+
+    @property
     def loss(self) -> FloatArray:
-        """Recent pinball loss per series and candidate, shape (N, candidates)."""
+        """Recent pinball loss per series and expert, shape (N, experts)."""
         return self._loss.T.copy()
 
     def choice(self) -> tuple[str, ...]:
-        """The model used for each series right now (for logs and `explain`)."""
-        names = np.array(self.candidates)
-        return tuple(str(name) for name in names[self._choice])
+        """The best-ranked expert's point model for each series right now (for logs, `explain`)."""
+        names = self.candidates
+        c = len(names)
+        return tuple(names[int(index) % c] for index in self._best)
 
     def update(self, y: ArrayLike) -> None:
         values, ok = observe(y, self.n_series)
-        given = np.where(ok, values, np.nan)
-        k, q = self.eval_step, self.quantile
-        slot = self._t % k
-        due = self._issued[:, :, slot].copy()  # the bounds issued k bins ago for this bin
-        ready = np.empty((len(self._models), self.n_series), dtype=np.bool_)
-        for c, (model, errors) in enumerate(zip(self._models, self._errors, strict=True)):
-            model.update(given)
-            ready[c] = model.ready
-            point = model.predict(self.horizon)
-            # Only forecasts made while ready are scored: a seasonal model's warm-up (where it
-            # is Naive) would otherwise inflate its intervals and loss for a whole window.
-            errors.update(given, np.where(ready[c][:, None], point, np.nan))
-            bound = point[:, k - 1] + np.maximum(errors.quantile(q, k), 0.0)
-            self._issued[c, :, slot] = np.where(ready[c], bound, np.nan)
-        scored = ok[None, :] & np.isfinite(due)
-        self._n_scored = self._n_scored + scored
-        decay = 1.0 - 0.5 ** (1.0 / self.halflife)
-        weight = np.maximum(1.0 / np.maximum(self._n_scored, 1), decay)
-        loss = pinball_loss(values[None, :], np.where(scored, due, 0.0), q)
+        t, h, q = self._t, self.horizon, self.quantile
+        slots = (t - self._steps) % h
+        column = values[:, None]
+        present = ok[:, None]
+
+        # 1. Errors of the forecasts made 1..h bins ago for this bin, per expert.
+        due = self._pending[:, :, slots, self._steps - 1]  # (C, N, h)
+        raw = column[None] - due
+        err = np.concatenate([raw, raw / self._vol_issued[None, :, slots]])
+        valid = present[None] & np.isfinite(err)
+        had = self._n > 0
+        self._n += valid
+        bound = self._m + self._z * self._s
+        step = np.where(err > bound, q, q - 1.0) * self.z_rate
+        self._z = np.where(valid & had, self._z + step, self._z)
+        rate = np.maximum(1.0 / np.maximum(self._n, 1), 1.0 / self.window)
+        mean = self._m + rate * (err - self._m)
+        deviation = self._s + rate * (np.abs(err - mean) - self._s)
+        self._m = np.where(valid, mean, self._m)
+        self._s = np.where(valid, deviation, self._s)
+
+        # 2. Score the experts' bounds issued eval_step bins ago.
+        slot = t % self.eval_step
+        issued = self._issued[:, :, slot]
+        scored = ok[None] & np.isfinite(issued)
+        self._n_scored += scored
+        weight = np.maximum(1.0 / np.maximum(self._n_scored, 1), self._decay)
+        loss = pinball_loss(values[None], np.where(scored, issued, 0.0), q)
         self._loss = np.where(scored, self._loss + weight * (loss - self._loss), self._loss)
-        # A candidate competes once `min_errors` of its bounds were scored; the first one (Naive)
-        # always may, so every series has a choice.
-        usable = ready & (self._n_scored >= self.min_errors)
-        usable[0] = True
-        self._choice = choose(self._loss, usable, self._choice, self.margin)
+
+        # 3. Calibrate the combined bound on its own hits and misses.
+        point_due = self._point_issued[:, slots, self._steps - 1]
+        upper_due = self._upper_issued[:, slots, self._steps - 1]
+        hit = present & np.isfinite(point_due)
+        self._n_calibrated += hit
+        rate = np.maximum(1.0 / np.maximum(self._n_calibrated, 1), 1.0 / _CALIBRATION_MEMORY)
+        mae = self._mae + rate * (np.abs(column - point_due) - self._mae)
+        self._mae = np.where(hit, mae, self._mae)
+        miss = (column > upper_due) - (1.0 - q)
+        self._adjust = np.where(
+            hit, self._adjust + self.calibration_rate * self._mae * miss, self._adjust
+        )
+
+        # 4. Series statistics: fallback scale, level and volatility.
+        changed = ok & self._has_prev
+        self._n_changes += changed
+        change_rate = 1.0 / np.maximum(np.minimum(self._n_changes, self.window), 1)
+        change = np.abs(values - self._prev)
+        self._scale = np.where(
+            changed, self._scale + change_rate * (change - self._scale), self._scale
+        )
+        self._prev = np.where(ok, values, self._prev)
+        self._has_prev |= ok
+        deviation_now = np.abs(values - self._level)
+        self._vol = np.where(
+            ok & self._has_vol,
+            self._vol + _VOL_ALPHA * (deviation_now - self._vol),
+            np.where(ok & self._has_level, deviation_now, self._vol),
+        )
+        self._has_vol |= ok & self._has_level
+        self._level = np.where(
+            ok,
+            np.where(self._has_level, self._level + _LEVEL_ALPHA * (values - self._level), values),
+            self._level,
+        )
+        self._has_level |= ok
+        vol = np.where(self._vol > 0.0, self._vol, 1.0)
+
+        # 5. New forecasts: every candidate, every expert's bound, the combination.
+        given = np.where(ok, values, np.nan)
+        points = np.empty((len(self._models), self.n_series, h))
+        ready = np.empty((len(self._models), self.n_series), dtype=np.bool_)
+        for c, model in enumerate(self._models):
+            model.update(given)
+            points[c] = model.predict(h)
+            ready[c] = model.ready
+        both = np.concatenate([points, points])
+        ready_e = np.concatenate([ready, ready])
+        trusted = self._n >= self.min_errors
+        fallback = self._scale[:, None] * self._fallback[None, :]
+        spread = self._z * self._s
+        c1 = (len(self._models), self.n_series, 1)
+        unit = np.concatenate([np.ones(c1), np.broadcast_to(vol[None, :, None], c1)])
+        upper_e = both + np.maximum(np.where(trusted, (self._m + spread) * unit, fallback), 0.0)
+        lower_e = both + np.minimum(np.where(trusted, (self._m - spread) * unit, -fallback), 0.0)
+        k = self.eval_step
+        self._issued[:, :, slot] = np.where(ready_e, upper_e[:, :, k - 1], np.nan)
+
+        usable = ready_e & (self._n_scored >= self.min_errors)
+        usable[0] = True  # Naive, raw bound: always
+        order, pick = top_experts(self._loss, usable, self.top)
+        pick /= pick.sum(axis=0)
+        index = order[:, :, None]
+        wide = pick[:, :, None]
+        point = (np.take_along_axis(both, index, axis=0) * wide).sum(axis=0)
+        upper = (np.take_along_axis(upper_e, index, axis=0) * wide).sum(axis=0)
+        lower = (np.take_along_axis(lower_e, index, axis=0) * wide).sum(axis=0)
+        upper = np.maximum(upper + self._adjust, point)
+
+        now = t % h
+        self._pending[:, :, now] = np.where(ready[:, :, None], points, np.nan)
+        self._vol_issued[:, now] = vol
+        self._point_issued[:, now] = point
+        self._upper_issued[:, now] = upper
+        self._best = order[0]
+        self._point = point
+        self._upper = upper
+        self._lower = np.maximum(np.minimum(lower, point), 0.0)
         self._t += 1
 
     def predict(self, h: int) -> ForecastResult:
-        """Point, upper (quantile) and lower (1 - quantile) bounds of each series' chosen model."""
+        """Point, upper (quantile) and lower bounds of each series' combined forecast."""
         h = check_steps(h)
         if h > self.horizon:
             raise ValueError(f"h {h} beyond horizon {self.horizon}")
-        point = np.zeros((self.n_series, h))
-        upper = np.zeros((self.n_series, h))
-        lower = np.zeros((self.n_series, h))
-        for c, (model, errors) in enumerate(zip(self._models, self._errors, strict=True)):
-            rows = np.flatnonzero(self._choice == c)
-            if rows.size:
-                p = model.predict(h)[rows]
-                point[rows] = p
-                upper[rows] = errors.upper(p, self.quantile, rows)
-                lower[rows] = errors.lower(p, 1.0 - self.quantile, rows)
-        return ForecastResult(point=point, upper=upper, lower=lower, model=self.choice())
+        return ForecastResult(
+            point=self._point[:, :h].copy(),
+            upper=self._upper[:, :h].copy(),
+            lower=self._lower[:, :h].copy(),
+            model=self.choice(),
+        )
 
     def fit(self, history: ArrayLike) -> Self:
         """Reset, then replay `history` (shape (N, T)) one column at a time: the warm start."""
@@ -221,15 +376,22 @@ class ScalerForecaster:
         )
 
     def state(self) -> State:
-        """Copies of the learnt per-series state (first axis N), candidates' included."""
+        """Copies of the learnt per-series state (first axis N), candidates' included. Forecasts
+        still awaiting their actual are time bookkeeping, like the bin clock, and are not."""
         out: State = {
             "loss": self._loss.T.copy(),
             "n_scored": self._n_scored.T.copy(),
-            "choice": self._choice.copy(),
+            "error_mean": np.moveaxis(self._m, 1, 0).copy(),
+            "error_deviation": np.moveaxis(self._s, 1, 0).copy(),
+            "z": np.moveaxis(self._z, 1, 0).copy(),
+            "n_errors": np.moveaxis(self._n, 1, 0).copy(),
+            "level": self._level.copy(),
+            "vol": self._vol.copy(),
+            "scale": self._scale.copy(),
+            "prev": self._prev.copy(),
+            "mae": self._mae.copy(),
+            "adjust": self._adjust.copy(),
         }
-        for model, errors in zip(self._models, self._errors, strict=True):
+        for model in self._models:
             out.update({f"{model.name}.{key}": value for key, value in model.state().items()})
-            out.update(
-                {f"{model.name}.errors.{key}": value for key, value in errors.state().items()}
-            )
         return out
