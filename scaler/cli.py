@@ -204,6 +204,34 @@ def _bench_forecast(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_replay(args: argparse.Namespace) -> int:
+    """Replay a trace against a simulated fleet under every policy (see scaler.sim)."""
+    from scaler.sim.command import ReplayOptions, replay
+
+    metadata = {}
+    for item in args.metadata:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"--metadata {item!r}: expected KEY=VALUE", file=sys.stderr)
+            return 2
+        metadata[key] = value
+    return replay(
+        ReplayOptions(
+            trace=args.trace,
+            scale=args.scale,
+            profile=args.profile,
+            cold_start_s=args.cold_start,
+            seed=args.seed,
+            slo_s=args.slo,
+            duration_s=args.duration,
+            json=args.json,
+            plots=args.plots,
+            progress=not args.no_progress,
+            metadata=metadata,
+        )
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="scaler", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
@@ -315,6 +343,42 @@ def parser() -> argparse.ArgumentParser:
     )
     fc.add_argument("--write-json", metavar="FILE", help="also write the JSON object to FILE")
     fc.set_defaults(run=_bench_forecast)
+
+    rp = bench_sub.add_parser(
+        "replay",
+        help="replay a trace on a simulated GPU fleet under five autoscaling policies: SLO, "
+        "GPU-hours, cost",
+    )
+    rp.add_argument("--trace", required=True, metavar="FILE", help="a trace file (bench/traces/)")
+    rp.add_argument(
+        "--scale", type=float, default=1.0, help="load multiplier (default %(default)s)"
+    )
+    rp.add_argument(
+        "--profile", default="llama3-8b-a100", help="service/node profile (default %(default)s)"
+    )
+    rp.add_argument(
+        "--cold-start",
+        type=float,
+        default=180.0,
+        metavar="S",
+        help="node launch + model load, seconds (default %(default)s)",
+    )
+    rp.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    rp.add_argument(
+        "--slo", type=float, default=2.0, help="queue wait / TTFT SLO, s (default %(default)s)"
+    )
+    rp.add_argument("--duration", type=float, help="replay only the first S seconds")
+    rp.add_argument("--json", action="store_true", help="one JSON object")
+    rp.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
+    rp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    rp.add_argument(
+        "--metadata",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra trigger metadata for the scaler policy, e.g. forecast=on",
+    )
+    rp.set_defaults(run=_bench_replay)
     return top
 
 

@@ -255,7 +255,8 @@ class Fleet:
         self._admit(t, serving)
         busy = self._serve(t, serving)
         kv = self._kv_refresh(serving)
-        self.kv_max = float(kv.max() / self.svc.kv_capacity_tokens) if kv.size else None
+        # Growth past the cache would make vLLM preempt (not modelled): usage reads at most 1.
+        self.kv_max = min(1.0, float(kv.max() / self.svc.kv_capacity_tokens)) if kv.size else None
         k = self.k
         self.h_waiting[k] = self.waiting
         self.h_running[k] = self.running

@@ -108,7 +108,9 @@ class HpaGpuUtil:
 class KedaPrometheus:
     """KEDA's Prometheus scaler on queue depth: `sum(vllm:num_requests_waiting)` with an
     AverageValue `threshold` per replica and activationThreshold 0; HPA defaults (tolerance
-    0.1, 300 s scale-down window), pollingInterval 30 s, cooldownPeriod 300 s, min 0."""
+    0.1, 300 s scale-down window), pollingInterval 30 s, cooldownPeriod 300 s, min 0. With
+    nothing waiting for a cooldownPeriod it goes to zero even while requests run: the pitfall
+    of a trigger on queue depth alone, kept because it is what the documented setup does."""
 
     name = "keda-prometheus"
 

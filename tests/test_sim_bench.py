@@ -1,0 +1,140 @@
+"""The bench end to end on a short slice of the Azure conversation trace: deterministic,
+conserving, the policies behave as their kind, the scaler goes through scaler.policy.decide."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from scaler import cli
+from scaler.sim import policies
+from scaler.sim.policies import NAMES
+from scaler.sim.profiles import get_profile
+from scaler.sim.report import checks, measure, table, to_json
+from scaler.sim.run import BenchResult, SimConfig, run_bench
+from scaler.sim.workload import build_requests
+from scaler.traces import load_trace
+
+TRACE = (
+    Path(__file__).resolve().parent.parent
+    / "bench/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
+)
+CONFIG = SimConfig(get_profile("llama3-8b-a100"), warm_window_s=120.0, drain_s=300.0)
+
+
+def _bench(seed: int = 0) -> BenchResult:
+    requests = build_requests(load_trace(TRACE), scale=2.0, seed=seed, duration_s=300.0)
+    return run_bench(requests, CONFIG, 2.0)
+
+
+@pytest.fixture(scope="module")
+def bench() -> BenchResult:
+    return _bench()
+
+
+def test_same_seed_same_result(bench: BenchResult) -> None:
+    assert to_json(_bench()) == to_json(bench)
+
+
+def test_every_request_completes_or_is_dropped(bench: BenchResult) -> None:
+    assert [run.name for run in bench.runs] == list(NAMES)
+    for run in bench.runs:
+        m = measure(run, CONFIG.slo_s)
+        assert m.requests == bench.requests.count
+        assert m.completed + m.dropped == m.requests
+        done = np.isfinite(run.finish_t)
+        assert not np.any(done & run.dropped)
+        assert np.all(run.finish_t[done] >= run.first_token_t[done])
+        assert np.all(run.first_token_t[done] >= run.admit_t[done])
+        assert np.all(run.admit_t[done] >= run.arrivals_s[done] - 1e-9)
+
+
+def test_always_on_never_scales(bench: BenchResult) -> None:
+    run = next(r for r in bench.runs if r.name == "always-on")
+    assert run.scale_events == 0
+    assert set(run.replicas.tolist()) == {bench.always_on_replicas}
+
+
+def test_no_policy_beats_the_oracle(bench: BenchResult) -> None:
+    measures = [measure(run, CONFIG.slo_s) for run in bench.runs]
+    oracle = next(m for m in measures if m.name == "oracle")
+    assert oracle.slo_attainment >= 0.99
+    for m in measures:
+        if m.slo_attainment >= oracle.slo_attainment:
+            assert m.gpu_hours >= oracle.gpu_hours - 1e-9, m.name
+    assert not [c for c in checks(measures) if "not minimal" in c]
+
+
+def test_the_scaler_policy_calls_the_real_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[float] = []
+    real = policies.decide
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(policies, "decide", spy)
+    requests = build_requests(load_trace(TRACE), scale=1.0, duration_s=60.0)
+    config = SimConfig(
+        get_profile("llama3-8b-a100"), warm_window_s=30.0, drain_s=60.0, policies=("scaler",)
+    )
+    result = run_bench(requests, config)
+    assert [r.name for r in result.runs] == ["scaler"]
+    assert len(calls) >= 15  # every evaluationIntervalSeconds (5 s) over pre-roll and trace
+    assert calls == sorted(calls)
+
+
+def test_the_scaler_spec_comes_from_trigger_metadata() -> None:
+    metadata = policies.scaler_metadata(40, 2.0, 180.0, 30, {"forecast": "on"})
+    assert all(isinstance(v, str) for v in metadata.values())
+    policy = policies.ScalerPolicy(metadata)
+    assert policy.spec.target_concurrency == 40
+    assert policy.spec.capacity.queue_time_slo_s == 2.0
+    assert policy.spec.cold_start_s == 180.0
+    assert policy.spec.forecast is True
+    assert policy.spec.max_replicas == 30
+
+
+def test_json_shape(bench: BenchResult) -> None:
+    found = json.loads(json.dumps(to_json(bench)))
+    assert isinstance(found["trace"], str)
+    for key in ("scale", "cold_start_s", "slo_s"):
+        assert isinstance(found[key], float)
+    assert [p["name"] for p in found["policies"]] == list(NAMES)
+    types = {
+        "name": str,
+        "slo_attainment": float,
+        "p99_queue_wait_s": float,
+        "p99_ttft_s": float,
+        "gpu_hours": float,
+        "cost_usd": float,
+        "requests": int,
+        "completed": int,
+        "dropped": int,
+        "scale_events": int,
+    }
+    for policy in found["policies"]:
+        for key, kind in types.items():
+            assert isinstance(policy[key], kind), (policy["name"], key)
+        assert 0.0 <= policy["slo_attainment"] <= 1.0
+    assert "always-on" in table(bench)
+
+
+def test_cli_replays_a_slice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(
+        [
+            "bench", "replay", "--trace", str(TRACE), "--duration", "120", "--scale", "1",
+            "--cold-start", "120", "--json", "--plots", str(tmp_path), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["cold_start_s"] == 120.0
+    assert [p["name"] for p in found["policies"]] == list(NAMES)
+    assert (tmp_path / "fleet.png").stat().st_size > 0
+    assert (tmp_path / "queue_wait.png").stat().st_size > 0
+    assert cli.main(["bench", "replay", "--trace", str(TRACE), "--profile", "nope"]) == 2
