@@ -14,7 +14,8 @@ Signals follow `scaler.sources.catalog` for vLLM: waiting and running are gauges
 rate(success) + deriv(waiting) + deriv(running) over the rate window, at least 0; queue time mean
 and p99 come from the queue-time histogram of requests admitted in the window (p99 with
 Prometheus's `histogram_quantile` on vLLM's buckets), TTFT p99 likewise; kv_cache_usage is the
-hottest replica's; ready_pods counts the replicas that are ready and serving.
+hottest replica's; ready_pods counts the replicas that are ready and serving; service_time_s (a
+field being added to the catalog) is the mean time completed requests held a slot.
 """
 
 from __future__ import annotations
@@ -129,9 +130,11 @@ class Fleet:
         self.h_waiting = np.zeros(n_steps + 1, dtype=np.int64)
         self.h_running = np.zeros(n_steps + 1, dtype=np.int64)
         self.h_done = np.zeros(n_steps + 1, dtype=np.int64)  # cumulative completions
+        self.h_infer = np.zeros(n_steps + 1)  # cumulative seconds completed requests ran
         self.h_head = np.zeros(n_steps + 1, dtype=np.int64)  # cumulative admitted (FIFO index)
         self.h_ttft = np.zeros((n_steps + 1, TTFT_BUCKETS.size + 1), dtype=np.int64)
         self.completed = 0
+        self.infer_s = 0.0
         self.kv_max: float | None = None
         self.serving_count = 0
         self._kv_by_pod = np.zeros(0)  # KV tokens per pod id after the last step
@@ -261,6 +264,7 @@ class Fleet:
         self.h_waiting[k] = self.waiting
         self.h_running[k] = self.running
         self.h_done[k] = self.completed
+        self.h_infer[k] = self.infer_s
         self.h_head[k] = self.head
         if k > 0:
             self.h_ttft[k] += self.h_ttft[k - 1]
@@ -343,6 +347,7 @@ class Fleet:
         done_ids = self.r_id[finishes]
         self.finish_t[done_ids] = finish_at[finishes]
         self.completed += int(done_ids.size)
+        self.infer_s += float(np.sum(self.finish_t[done_ids] - self.admit_t[done_ids]))
         self.r_start = np.zeros(self.r_start.size)  # carried requests start at the next step
         self._keep(~finishes)
         has = np.bincount(local, minlength=n_pods) > 0
@@ -378,6 +383,10 @@ class Fleet:
                 + (self.h_running[k] - before[2])
             )
             values["arrival_rate"] = max(0.0, float(growth) / window)
+        done = int(self.h_done[k] - before[0])
+        if done > 0:  # vLLM: rate(request_inference_time_seconds_sum) / rate(..._count)
+            ran = self.h_infer[k] - (self.h_infer[k0] if k0 >= 0 else 0.0)
+            values["service_time_s"] = float(ran) / done
         lo = int(before[3])
         admitted = self.admit_t[lo : int(self.h_head[k])]
         waits = admitted - self.req.arrivals_s[lo : int(self.h_head[k])]
