@@ -13,6 +13,21 @@ Four terms, each in replica units; the need is the largest, and the decision nam
   memory-bound pods preempt before their concurrency target is reached.
 
 The last two only ever raise the need (upward corrections); none reads a missing signal as 0.
+
+With a `Fleet` (what the policy knows: a cold-start horizon, the ready replicas, the replicas
+asked for and not yet ready), the queue is counted where it will be when a
+replica asked now can serve, instead of as concurrency now:
+
+- queue: max(running, arrival_rate x S) / targetConcurrency + B x S / (targetConcurrency x H),
+  where H is the horizon and B the backlog a replica asked now would find on arrival: today's
+  `waiting`, grown or drained at arrivals minus the throughput of the ready replicas until the
+  pending ones serve, then of ready + pending until H. It replaces `concurrency`, and queue_slo
+  drains B (not today's queue) within max(SLO, H): a replica asked now cannot drain sooner.
+  A reactive queue metric asks for replicas to hold
+  every queued request at once; during a cold start the queue keeps growing, so it asks again and
+  again for work the replicas already on their way will drain, then holds the excess through the
+  scale-down window: a sawtooth at several times the GPU-hours. Without an S that holds under load
+  (`loaded_service_time`) the concurrency term stands.
 """
 
 from __future__ import annotations
@@ -34,6 +49,16 @@ class CapacitySpec:
 
 
 @dataclass(frozen=True)
+class Fleet:
+    """What the policy knows beyond one signal (see the module docstring)."""
+
+    horizon_s: float  # from asking for a replica to it serving
+    ready: int | None = None  # replicas serving now (None: unknown)
+    pending: float = 0.0  # replicas asked for within the horizon and not yet ready
+    pending_in_s: float = 0.0  # until the pending ones are expected to serve
+
+
+@dataclass(frozen=True)
 class Need:
     replicas: float  # fractional replicas needed now
     term: str  # "concurrency" | "littles_law" | "queue_slo" | "kv_cache"
@@ -45,23 +70,67 @@ class Need:
 
 
 def service_time(signal: Signal, spec: CapacitySpec) -> float | None:
-    """Configured S, else Little's law on the running requests: S = L / lambda."""
+    """Configured S, else the servers' own measure, else Little's law on the running requests:
+    S = L / lambda."""
     if spec.service_time_s is not None:
         return spec.service_time_s
+    reported = signal.service_time_s
+    if reported is not None and math.isfinite(reported) and reported > 0:
+        return reported
     if signal.running is not None and signal.arrival_rate and signal.arrival_rate >= MIN_RATE:
         measured = signal.running / signal.arrival_rate
         return measured if math.isfinite(measured) else None
     return None
 
 
-def need(signal: Signal, spec: CapacitySpec) -> Need | None:
+def loaded_service_time(signal: Signal, spec: CapacitySpec) -> float | None:
+    """An S that holds under load, for the queue term: configured, or reported by the servers,
+    or Little's law on the running requests only while nothing waits (a saturated fleet's
+    running count is capped by its slots, so running / arrival_rate would understate S)."""
+    if spec.service_time_s is not None or signal.service_time_s is not None:
+        return service_time(signal, spec)
+    if signal.waiting is None or signal.waiting >= 1.0 or (signal.running or 0.0) < 1.0:
+        return None
+    return service_time(signal, spec)
+
+
+def backlog_on_arrival(signal: Signal, per_replica: float, s: float, fleet: Fleet) -> float:
+    """Requests a replica asked for now would find waiting when it starts serving (H from now):
+    the queue grows or drains at arrivals minus the ready replicas' throughput until the pending
+    ones serve, then at arrivals minus the throughput of all of them."""
+    arrivals = signal.arrival_rate or 0.0
+    per_replica_rate = per_replica / s
+    now_rate = (fleet.ready or 0) * per_replica_rate
+    first = min(fleet.pending_in_s, fleet.horizon_s)
+    backlog = max(0.0, (signal.waiting or 0.0) + (arrivals - now_rate) * first)
+    later_rate = now_rate + fleet.pending * per_replica_rate
+    return max(0.0, backlog + (arrivals - later_rate) * (fleet.horizon_s - first))
+
+
+def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need | None:
     """Replicas needed for this signal, or None when no term can be computed."""
     per_replica = spec.target_concurrency
     terms: dict[str, float] = {}
     in_flight = signal.in_flight
-    if in_flight is not None:
-        terms["concurrency"] = in_flight / per_replica
     s = service_time(signal, spec)
+    # The queue term needs an S that is right under load: configured, or learned unqueued.
+    known_s = loaded_service_time(signal, spec)
+    backlog: float | None = None
+    if (
+        fleet is not None
+        and fleet.ready is not None
+        and fleet.horizon_s > 0
+        and known_s is not None
+        and known_s > 0
+        and signal.arrival_rate is not None
+        and signal.waiting is not None
+    ):
+        backlog = backlog_on_arrival(signal, per_replica, known_s, fleet)
+        flow = max(signal.running or 0.0, signal.arrival_rate * known_s)
+        terms["queue"] = (flow + backlog * known_s / fleet.horizon_s) / per_replica
+        s = known_s
+    elif in_flight is not None:
+        terms["concurrency"] = in_flight / per_replica
     if s is not None and signal.arrival_rate is not None:
         terms["littles_law"] = signal.arrival_rate * s / per_replica
     queue_time = (
@@ -76,7 +145,11 @@ def need(signal: Signal, spec: CapacitySpec) -> Need | None:
         and s is not None
         and signal.waiting is not None
     ):
-        drain = (signal.arrival_rate or 0.0) + signal.waiting / spec.queue_time_slo_s
+        if backlog is None:
+            drain = (signal.arrival_rate or 0.0) + signal.waiting / spec.queue_time_slo_s
+        else:  # replicas asked now serve in H at the earliest: no sooner drain to pay for
+            window = max(spec.queue_time_slo_s, fleet.horizon_s if fleet is not None else 0.0)
+            drain = (signal.arrival_rate or 0.0) + backlog / window
         terms["queue_slo"] = drain * s / per_replica
     if (
         spec.kv_cache_target is not None

@@ -408,6 +408,7 @@ FIELDS: tuple[Field, ...] = (
             ("ttft_p99_s", "ttftP99Query"),
             ("kv_cache_usage", "kvCacheQuery"),
             ("ready_pods", "readyPodsQuery"),
+            ("service_time_s", "serviceTimeQuery"),
         )
     ),
     # Synthetic generator (backend: synthetic).
@@ -557,6 +558,25 @@ FIELDS: tuple[Field, ...] = (
         300.0,
         "a number of seconds from 0 to 3600",
         "The target never falls below the highest need seen in this window.",
+    ),
+    Field(
+        "scaleDownMaxPercent",
+        Scope.TUNING,
+        real(1, 100),
+        50.0,
+        "a number from 1 to 100",
+        "At most this share of the replicas (the highest target of the last 60 s) is removed "
+        "per 60 s; 100 lifts the limit. Scale to zero after the idle window is not limited.",
+    ),
+    Field(
+        "panicThreshold",
+        Scope.TUNING,
+        real(1.1, 100),
+        2.0,
+        "a number from 1.1 to 100",
+        "Panic when the need reaches this multiple of the replicas already asked for (or, with "
+        "forecast on, exceeds the q90 forecast by a replica): the target covers the need grown "
+        "at its recent rate over the horizon (at most doubled) and does not fall for 60 s.",
     ),
     Field(
         "scaleToZeroIdleSeconds",

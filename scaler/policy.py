@@ -4,20 +4,29 @@
 it reads no clock and does no I/O, so the same inputs give the same answer on every scaler replica,
 and tests drive time explicitly.
 
-This release's rule (the forecast issue adds forecast, panic and cold-start terms on top):
+The rule, in the order `decide` applies it (each step names itself as the decision's reason):
 
-1. need = the capacity model's replicas needed now (`scaler.capacity`: concurrency, Little's law,
-   queue-time SLO and KV-cache terms, the largest wins)
-2. the target is ceil(need); it rises at once, and falls only to the highest need seen within
-   scaleDownStabilizationSeconds (a removed GPU replica takes a cold start to come back);
-3. with `forecast: on`, the target also covers the q90 forecast of need within the horizon
-   (coldStartSeconds + pollingIntervalSeconds), up and down (`scaler.outlook`);
-4. a workload with anything in flight or arriving in the last scaleToZeroIdleSeconds, or with
-   traffic forecast within the horizon, is active and keeps at least one replica; only after the
-   idle window AND with a q90 forecast below one request does the target drop to 0;
-5. the target is clamped to [minReplicas, maxReplicas];
-6. fail static: with no signal, the last decision is held (never lowered) for stale_s seconds,
-   then there is no decision at all, so KEDA's `fallback` takes over.
+1. need = the capacity model's replicas needed now (`scaler.capacity`). With a count of ready
+   pods from the source, the queue is counted where a replica asked now would find it: the
+   replicas asked for within the horizon and not yet ready, and the queue they will drain, are
+   not asked for again (`fleet`, `capacity.Fleet`);
+2. current_need / stabilization: the target is ceil(need); it rises at once, and falls only to
+   the highest need seen within scaleDownStabilizationSeconds;
+3. forecast: with `forecast: on`, the target also covers the q90 forecast of need within the
+   horizon (coldStartSeconds + pollingIntervalSeconds), up and down (`scaler.outlook`);
+4. panic: when the need reaches panicThreshold x the replicas asked (or outruns the q90 forecast
+   by a replica), the target is the need at face value and does not fall for PANIC_HOLD_S;
+5. active_floor / scale_to_zero: a workload with anything in flight or arriving within
+   scaleToZeroIdleSeconds, or traffic forecast within the horizon, keeps at least one replica;
+   only after the idle window AND with a q90 forecast below one request does it drop to 0;
+6. scale_down_limit: at most scaleDownMaxPercent of the replicas removed per 60 s (not on the
+   way to zero);
+7. min_bound / max_bound: clamped to [minReplicas, maxReplicas];
+8. hold (fail static): with no signal, the last decision is held (never lowered) for stale_s
+   seconds, then there is no decision at all, so KEDA's `fallback` takes over.
+
+Every window the rule keeps is bounded (`policy_memory_s`), so a replica that warm-starts by
+replaying that much history tick for tick decides exactly as one that ran all along.
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ from scaler.signals import Signal
 from scaler.workload import WorkloadSpec
 
 EPSILON = 1e-9
+PANIC_HOLD_S = 60.0  # panic lasts this long after demand last outran the ask (Knative: 60 s)
+SCALE_DOWN_PERIOD_S = 60.0  # the period scaleDownMaxPercent applies to
 
 
 class Reason(StrEnum):
@@ -43,6 +54,8 @@ class Reason(StrEnum):
     STABILIZATION = "stabilization"
     ACTIVE_FLOOR = "active_floor"
     SCALE_TO_ZERO = "scale_to_zero"
+    PANIC = "panic"
+    SCALE_DOWN_LIMIT = "scale_down_limit"
     MIN_BOUND = "min_bound"
     MAX_BOUND = "max_bound"
     HOLD = "hold"
@@ -76,9 +89,16 @@ class PolicyState:
     # Sliding-window maximum of ceil(need) over the stabilization window, as a monotone queue:
     # (tick, value) pairs with strictly decreasing values; the first is the window's maximum.
     recent: tuple[tuple[float, int], ...] = ()
+    # The same over final targets within SCALE_DOWN_PERIOD_S (the base of the scale-down step)
+    # and within the horizon (what was asked for and may still be on its way).
+    decided: tuple[tuple[float, int], ...] = ()
+    asked: tuple[tuple[float, int], ...] = ()
     last_busy_at: float | None = None
     first_at: float | None = None  # first tick this state has seen (history included)
     last_good: Decision | None = None  # last decision made from a real signal
+    raised_at: float | None = None  # when the target last rose: replicas asked from then on
+    panic_until: float | None = None
+    panic_peak: int = 0  # the highest target since panic began (0 outside panic)
 
 
 def _window_max_push(
@@ -102,6 +122,38 @@ def hold(state: PolicyState, at: float, stale_s: float, faults: tuple[str, ...])
     return replace(last, at=at, reason=Reason.HOLD, detail=detail, faults=faults, signal=None)
 
 
+def policy_memory_s(spec: WorkloadSpec) -> float:
+    """How far back the next decision depends on past ticks one by one (a warm start replays at
+    least this much history at the evaluation interval, so replicas agree exactly)."""
+    return max(
+        spec.scale_down_stabilization_s,
+        spec.horizon_s,  # replicas asked within the horizon count as on their way
+        PANIC_HOLD_S,
+        SCALE_DOWN_PERIOD_S,
+    )
+
+
+def fleet(spec: WorkloadSpec, signal: Signal, state: PolicyState, at: float) -> capacity.Fleet:
+    """Replicas asked for within the horizon and not yet ready (the highest target this scaler
+    returned within the horizon, less the ready pods the signal counts), and when they are
+    expected to serve (a horizon after the target last rose). Without a count of ready pods from
+    the source there is no fleet to reason about (`capacity.need` keeps the concurrency term):
+    assuming the HPA followed the target at once would feed each target back into the next."""
+    ready = signal.ready_pods
+    asked = max((v for t, v in state.asked if t > at - spec.horizon_s), default=0)
+    pending, pending_in = 0.0, 0.0
+    if ready is not None and state.raised_at is not None:
+        age = at - state.raised_at
+        if asked > ready and age < spec.horizon_s:
+            pending, pending_in = float(asked - ready), spec.horizon_s - age
+    return capacity.Fleet(
+        horizon_s=spec.horizon_s,
+        ready=ready,
+        pending=pending,
+        pending_in_s=pending_in,
+    )
+
+
 def decide(
     spec: WorkloadSpec,
     signal: Signal | None,
@@ -111,12 +163,12 @@ def decide(
     faults: tuple[str, ...] = (),
     outlook: Outlook | None = None,
 ) -> tuple[Decision | None, PolicyState]:
-    required = capacity.need(signal, spec.capacity) if signal is not None else None
-    if signal is None or required is None:
+    ahead_of = fleet(spec, signal, state, at) if signal is not None else None
+    required = capacity.need(signal, spec.capacity, ahead_of) if signal is not None else None
+    if signal is None or required is None or ahead_of is None:
         reasons = faults + (signal.reasons if signal is not None else ())
         return hold(state, at, stale_s, reasons or ("no in-flight or arrival signal",)), state
 
-    in_flight = signal.in_flight
     need = required.replicas
     now_replicas = max(0, math.ceil(need - EPSILON))
     recent = _window_max_push(state.recent, at, now_replicas, at - spec.scale_down_stabilization_s)
@@ -131,25 +183,66 @@ def decide(
     # cold start, so it has to begin a horizon early.
     expected = ahead is not None and ahead.upper_max * spec.target_concurrency >= 1.0
     idle = not busy and not expected and at - idle_since >= spec.scale_to_zero_idle_s
+    last = state.last_good
 
+    # 1. Current need, held for the stabilization window (a removed replica takes a cold
+    #    start to come back).
     target = recent[0][1]
     reason = Reason.CURRENT_NEED if target == now_replicas else Reason.STABILIZATION
     detail = f"{required.describe()} -> {now_replicas}"
+    if ahead_of.pending:
+        detail += f" ({ahead_of.pending:g} asked, serving in {ahead_of.pending_in_s:.0f}s)"
     if reason is Reason.STABILIZATION:
         detail += f"; held at {target}, the highest in {spec.scale_down_stabilization_s:g}s"
+    # 2. The forecast: scale up to the upper forecast within the horizon (what is asked now
+    #    serves then), and never below it either.
     if ahead is not None:
-        # Scale up to the upper forecast within the horizon: what is asked now serves then.
-        # Never scale below it either: a replica removed now takes a horizon to come back.
         covered = max(0, math.ceil(ahead.upper_max - EPSILON))
         detail += f"; {ahead.describe()} -> {covered}"
         if covered > target:
             target, reason = covered, Reason.FORECAST
+    # 3. Panic: demand outran what was asked for (panicThreshold x the replicas asked within
+    #    the horizon) or, with forecasting, the forecast's q90 by more than a replica. Like
+    #    Knative's panic mode, the target is the need at face value and never falls while panic
+    #    lasts (PANIC_HOLD_S after demand last outran). Unlike a reactive queue metric it does
+    #    not flood the cluster: the need already counts the replicas on their way and the queue
+    #    they will drain, so what is in flight is not asked for twice.
+    asked = max((v for t, v in state.asked if t > at - spec.horizon_s), default=0)
+    outran = last is not None and need >= 1.0 and need >= spec.panic_threshold * max(asked, 1)
+    if ahead is not None and need > ahead.upper_max + 1.0:
+        outran = True
+    panic_until = at + PANIC_HOLD_S if outran else state.panic_until
+    if panic_until is not None and (at >= panic_until or idle):
+        panic_until = None
+    if panic_until is not None:
+        floor = max(now_replicas, state.panic_peak)
+        if floor > target or outran:
+            target, reason = max(target, floor), Reason.PANIC
+            detail += f"; panic (need {need:.2f} vs {asked} asked"
+            detail += f", q90 {ahead.upper_max:.2f})" if ahead is not None else ")"
+            detail += f" -> {target}"
+    # 4. Activity.
     if idle:
         target, reason = 0, Reason.SCALE_TO_ZERO
         detail = f"idle for {at - idle_since:.0f}s >= scaleToZeroIdleSeconds"
     elif target < 1:
         target, reason = 1, Reason.FORECAST if expected and not busy else Reason.ACTIVE_FLOOR
         detail += f"; active within scaleToZeroIdleSeconds={spec.scale_to_zero_idle_s:g}"
+    # 5. Scale down at most scaleDownMaxPercent of the replicas per SCALE_DOWN_PERIOD_S.
+    # (after the floor of one, before the bounds, so an idle workload still goes to zero)
+    base = max(
+        (v for t, v in state.decided if t > at - SCALE_DOWN_PERIOD_S),
+        default=last.replicas if last is not None else 0,
+    )
+    if not idle and base:
+        step_floor = math.ceil(base * (1.0 - spec.scale_down_max_percent / 100.0) - EPSILON)
+        if target < step_floor:
+            target, reason = step_floor, Reason.SCALE_DOWN_LIMIT
+            detail += (
+                f"; at most {spec.scale_down_max_percent:g}% of {base} removed per "
+                f"{SCALE_DOWN_PERIOD_S:g}s -> {step_floor}"
+            )
+    # 6. Bounds.
     if target < spec.min_replicas:
         target, reason = spec.min_replicas, Reason.MIN_BOUND
         detail += f"; raised to minReplicas={spec.min_replicas}"
@@ -165,13 +258,22 @@ def decide(
         active=target > 0,  # IsActive agrees with the metric: a minReplicas floor stays active
         reason=reason,
         need=need,
-        in_flight=in_flight,
+        in_flight=signal.in_flight,
         arrival_rate=signal.arrival_rate,
         detail=detail,
         faults=faults + signal.reasons,
         signal=signal,
         outlook=ahead,
     )
+    raised = last is None or target > last.replicas
     return decision, PolicyState(
-        recent=recent, last_busy_at=last_busy, first_at=first_at, last_good=decision
+        recent=recent,
+        decided=_window_max_push(state.decided, at, target, at - SCALE_DOWN_PERIOD_S),
+        asked=_window_max_push(state.asked, at, target, at - spec.horizon_s),
+        last_busy_at=last_busy,
+        first_at=first_at,
+        last_good=decision,
+        raised_at=at if raised else state.raised_at,
+        panic_until=panic_until,
+        panic_peak=max(state.panic_peak, target) if panic_until is not None else 0,
     )

@@ -23,6 +23,7 @@ class Signal:
     ttft_p99_s: float | None = None
     kv_cache_usage: float | None = None  # 0-1
     ready_pods: int | None = None
+    service_time_s: float | None = None  # mean time a request holds a slot (not queued)
     age_s: float | None = None  # age of the newest underlying sample when read
     reasons: tuple[str, ...] = field(default=())  # why any field above is missing
 
@@ -63,6 +64,7 @@ class Signal:
             ttft_p99_s=values.get("ttft_p99_s"),
             kv_cache_usage=values.get("kv_cache_usage"),
             ready_pods=int(ready) if ready is not None else None,
+            service_time_s=values.get("service_time_s"),
             age_s=age_s,
             reasons=reasons,
         )

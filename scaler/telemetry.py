@@ -49,6 +49,7 @@ SIGNAL_METRICS = {
     "ttft_p99_s": ("signal_ttft_p99_seconds", "p99 time to first token"),
     "kv_cache_usage": ("signal_kv_cache_usage_ratio", "KV-cache usage of the fullest pod, 0-1"),
     "ready_pods": ("signal_ready_pods", "Serving pods that reported"),
+    "service_time_s": ("signal_service_time_seconds", "Mean time a request holds a slot"),
     "age_s": ("signal_age_seconds", "Age of the newest sample when read"),
 }
 

@@ -39,6 +39,8 @@ class WorkloadSpec:
     forecast_step_s: float
     season_period_s: float | None
     scale_down_stabilization_s: float
+    scale_down_max_percent: float
+    panic_threshold: float
     scale_to_zero_idle_s: float
     server_address: str | None
     signal_source: str  # "prometheus" | "scrape" | "none" (synthetic)
@@ -110,6 +112,8 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
         forecast_step_s=merged["forecastStepSeconds"],
         season_period_s=merged["seasonPeriodSeconds"] or None,
         scale_down_stabilization_s=merged["scaleDownStabilizationSeconds"],
+        scale_down_max_percent=merged["scaleDownMaxPercent"],
+        panic_threshold=merged["panicThreshold"],
         scale_to_zero_idle_s=merged["scaleToZeroIdleSeconds"],
         server_address=merged["serverAddress"],
         signal_source=source,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.capacity import CapacitySpec, need
+from scaler.capacity import CapacitySpec, Fleet, backlog_on_arrival, loaded_service_time, need
 from scaler.signals import Signal
 
 
@@ -77,3 +77,56 @@ def test_tiny_arrival_rate_does_not_blow_up_the_service_time():
     found = need(signal(running=2.0, waiting=0.0, arrival_rate=1e-300), CapacitySpec(0.1))
     assert found is not None
     assert found.replicas == 20.0 and "littles_law" not in found.terms
+
+
+# --- the queue where a replica asked now will find it (capacity.Fleet) ------------------------
+
+
+def test_queue_term_counts_the_backlog_a_new_replica_would_find():
+    # 2 ready x 8 slots / S = 2 s -> 8 req/s served; 20 req/s arrive; 3 more replicas asked,
+    # serving in 60 s; H = 210 s. Until then the queue grows 12/s: 100 + 720 = 820. Then
+    # 5 x 4 = 20 req/s served = arrivals: it stays at 820, drained over H on top of the flow.
+    spec = CapacitySpec(target_concurrency=8)
+    fleet = Fleet(horizon_s=210, ready=2, pending=3, pending_in_s=60)
+    found = need(
+        signal(running=16, waiting=100, arrival_rate=20.0, service_time_s=2.0), spec, fleet
+    )
+    assert found is not None and found.term == "queue"
+    assert backlog_on_arrival(signal(waiting=100, arrival_rate=20.0), 8, 2.0, fleet) == 820
+    assert found.replicas == pytest.approx((20 * 2 + 820 * 2 / 210) / 8)
+    assert "concurrency" not in found.terms
+
+
+def test_a_queue_the_fleet_drains_before_a_new_replica_arrives_asks_for_nothing_more():
+    # 100 queued, 4 ready drain 16 req/s against 6 arriving: gone in 10 s, long before H.
+    spec = CapacitySpec(target_concurrency=8)
+    fleet = Fleet(horizon_s=210, ready=4)
+    loaded = signal(running=32, waiting=100, arrival_rate=6.0, service_time_s=2.0)
+    found = need(loaded, spec, fleet)
+    assert found is not None
+    assert found.terms["queue"] == pytest.approx(32 / 8)  # what runs now, not 132 / 8
+    reactive = need(loaded, spec)
+    assert reactive is not None and reactive.replicas == pytest.approx(132 / 8)
+
+
+def test_queue_term_needs_a_service_time_known_under_load():
+    spec = CapacitySpec(target_concurrency=8)
+    unknown = Fleet(horizon_s=210, ready=2)  # neither reported nor configured, and queued
+    found = need(signal(running=16, waiting=100, arrival_rate=20.0), spec, unknown)
+    assert found is not None and found.term == "concurrency"
+    configured = CapacitySpec(target_concurrency=8, service_time_s=2.0)
+    found = need(signal(running=16, waiting=100, arrival_rate=20.0), configured, unknown)
+    assert found is not None and found.term == "queue"
+
+
+def test_a_service_time_under_load_is_configured_reported_or_measured_unqueued():
+    spec = CapacitySpec(target_concurrency=8)
+    assert loaded_service_time(signal(running=8, waiting=0, arrival_rate=4.0), spec) == 2.0
+    queued = signal(running=16, waiting=30, arrival_rate=20.0)
+    assert loaded_service_time(queued, spec) is None  # 16 / 20 would understate S
+    assert loaded_service_time(signal(running=0.5, waiting=0, arrival_rate=4.0), spec) is None
+    assert loaded_service_time(signal(running=8, arrival_rate=4.0), spec) is None
+    reported = signal(running=16, waiting=30, arrival_rate=20.0, service_time_s=3.0)
+    assert loaded_service_time(reported, spec) == 3.0
+    configured = CapacitySpec(target_concurrency=8, service_time_s=1.5)
+    assert loaded_service_time(reported, configured) == 1.5

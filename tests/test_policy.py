@@ -24,6 +24,9 @@ def make_spec(name: str = "llama", **tuning: object) -> WorkloadSpec:
         "maxReplicas": "100",
         "scaleDownStabilizationSeconds": "300",
         "scaleToZeroIdleSeconds": "600",
+        # Panic and the scale-down step off unless a test turns them on: each rule alone.
+        "panicThreshold": "100",
+        "scaleDownMaxPercent": "100",
     }
     metadata.update({key: str(value) for key, value in tuning.items()})
     return resolve(parse_trigger("team-a", name, metadata), Config())
@@ -329,6 +332,8 @@ def spec_for(bounds: tuple[int, int], target: float, stab: float, idle: float) -
         targetConcurrency=target,
         scaleDownStabilizationSeconds=stab,
         scaleToZeroIdleSeconds=idle,
+        panicThreshold=2,  # the whole rule, as shipped
+        scaleDownMaxPercent=50,
     )
 
 
@@ -398,3 +403,161 @@ def test_more_in_flight_never_gives_fewer_replicas(
     assert fewer is not None
     assert more is not None
     assert fewer.replicas <= more.replicas
+
+
+# --- replicas on their way, panic, scale-down step ---------------------------------------------
+
+
+def fluid_run(spec: WorkloadSpec, arrivals: list[float], service_s: float, dt: float = 5.0):
+    """A fluid fleet at 5 s ticks: replicas become ready coldStartSeconds after they are asked
+    for; each serves targetConcurrency / S req/s; the queue holds what they cannot. Yields
+    (decision, reactive_need) where reactive_need is (running + waiting) / targetConcurrency."""
+    c = spec.target_concurrency
+    state, queue, at = PolicyState(), 0.0, T0
+    ready, asked_at = 1, []  # (ready time, replicas) of outstanding asks
+    target = 1
+    for rate in arrivals:
+        at += dt
+        ready = max([ready] + [n for t, n in asked_at if t <= at])
+        capacity = ready * c / service_s
+        queue = max(0.0, queue + (rate - capacity) * dt)
+        running = min(ready * c, rate * service_s + queue)
+        waiting = max(0.0, queue - max(0.0, ready * c - rate * service_s))
+        signal = Signal(
+            at=at,
+            source="fluid",
+            running=running,
+            waiting=waiting,
+            arrival_rate=rate,
+            ready_pods=ready,
+            service_time_s=service_s,  # as Triton and vLLM report it
+        )
+        decision, state = decide(spec, signal, state, at, STALE)
+        assert decision is not None
+        if decision.replicas > target:
+            asked_at.append((at + spec.cold_start_s, decision.replicas))
+        target = decision.replicas
+        yield decision, (running + waiting) / c
+
+
+def test_a_cold_start_queue_is_not_asked_for_twice() -> None:
+    # 4 req/s with S = 2 s (1 replica at 8 slots), then a step to 40 req/s (10 replicas) with a
+    # 180 s cold start. A reactive queue metric climbs with the queue that builds while the
+    # replicas load (dozens of replicas); the scaler asks for the flow plus what drains the
+    # cold-start backlog within a horizon, and does not climb with the queue.
+    spec = make_spec(
+        coldStartSeconds=180, pollingIntervalSeconds=30, scaleDownStabilizationSeconds=300
+    )
+    arrivals = [4.0] * 24 + [40.0] * 120
+    run = list(fluid_run(spec, arrivals, service_s=2.0))
+    targets = [d.replicas for d, _ in run]
+    reactive_peak = max(n for _, n in run)
+    assert reactive_peak > 30  # the sawtooth a reactive queue metric would ask for
+    assert max(targets) <= 20  # 10 for the flow + the cold-start backlog drained over 210 s
+    assert targets[-1] >= 10  # and it still serves the flow
+    queue_terms = [d for d, _ in run if "from queue" in d.detail]
+    assert queue_terms, "the queue term (with replicas on their way) set the need"
+
+
+def test_panic_enters_when_need_outruns_what_was_asked_and_holds_60s() -> None:
+    drive = Driver(make_spec(panicThreshold=2, scaleDownStabilizationSeconds=0))
+    drive.tick(T0, 48.0)  # 6 replicas
+    surge = drive.tick(T0 + 5, 200.0)  # 25 needed, 6 asked: panic
+    assert surge is not None and (surge.replicas, surge.reason) == (25, Reason.PANIC)
+    assert "panic (need 25.00 vs 6 asked)" in surge.detail
+    held = drive.tick(T0 + 40, 8.0)  # demand gone at once: panic holds the peak
+    assert held is not None and (held.replicas, held.reason) == (25, Reason.PANIC)
+    calm = drive.tick(T0 + 66, 8.0)  # 61 s after demand last outran: panic over
+    assert calm is not None and (calm.replicas, calm.reason) == (1, Reason.CURRENT_NEED)
+    assert drive.state.panic_until is None and drive.state.panic_peak == 0
+
+
+def test_a_step_panics_without_overshooting() -> None:
+    drive = Driver(make_spec(panicThreshold=2, scaleDownStabilizationSeconds=0))
+    drive.tick(T0, 8.0)
+    step = drive.tick(T0 + 5, 40.0)
+    assert step is not None and (step.replicas, step.reason) == (5, Reason.PANIC)
+    for at in range(10, 60, 5):
+        again = drive.tick(T0 + at, 40.0)
+        assert again is not None and again.replicas == 5  # the need, never more
+
+
+def test_panic_off_below_the_threshold() -> None:
+    drive = Driver(make_spec(panicThreshold=2))
+    drive.tick(T0, 32.0)
+    up = drive.tick(T0 + 5, 56.0)  # 7 vs 4 asked: below 2x
+    assert up is not None and (up.replicas, up.reason) == (7, Reason.CURRENT_NEED)
+
+
+def test_scale_down_removes_at_most_the_step_per_minute() -> None:
+    spec = make_spec(scaleDownStabilizationSeconds=0, scaleDownMaxPercent=50)
+    drive = Driver(spec)
+    assert drive.outcome(T0, 160.0) == (20, True, Reason.CURRENT_NEED)
+    assert drive.outcome(T0 + 5, 8.0) == (10, True, Reason.SCALE_DOWN_LIMIT)
+    assert drive.outcome(T0 + 30, 8.0) == (10, True, Reason.SCALE_DOWN_LIMIT)
+    assert drive.outcome(T0 + 61, 8.0) == (5, True, Reason.SCALE_DOWN_LIMIT)
+    assert drive.outcome(T0 + 122, 8.0) == (3, True, Reason.SCALE_DOWN_LIMIT)
+    assert drive.outcome(T0 + 183, 8.0) == (2, True, Reason.SCALE_DOWN_LIMIT)
+    assert drive.outcome(T0 + 244, 8.0) == (1, True, Reason.CURRENT_NEED)
+
+
+def test_scale_to_zero_is_not_held_by_the_step() -> None:
+    spec = make_spec(
+        scaleDownStabilizationSeconds=0, scaleDownMaxPercent=10, scaleToZeroIdleSeconds=60
+    )
+    drive = Driver(spec)
+    drive.tick(T0, 160.0, arrival=1.0)
+    assert drive.outcome(T0 + 61, 0.0, arrival=0.0) == (0, False, Reason.SCALE_TO_ZERO)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.tuples(LOAD, LOAD, st.floats(0, 50, allow_nan=False), st.integers(0, 30)),
+        max_size=20,
+    ),
+    LOAD,
+    LOAD,
+    st.floats(0, 50, allow_nan=False),
+    st.integers(0, 30),
+    st.sampled_from((None, 0.5, 4.0)),
+)
+def test_more_waiting_never_gives_fewer_replicas_with_replicas_on_their_way(
+    steps: list[tuple[float, float, float, int]],
+    waiting_a: float,
+    waiting_b: float,
+    arrival: float,
+    ready: int,
+    service_s: float | None,
+) -> None:
+    tuning: dict[str, object] = {"panicThreshold": 2, "scaleDownMaxPercent": 50}
+    if service_s is not None:
+        tuning["serviceTimeSeconds"] = service_s
+    spec = make_spec(**tuning)
+    state, at = PolicyState(), T0
+    for running, waiting, rate, pods in steps:
+        at += 5.0
+        signal = Signal(
+            at=at,
+            source="t",
+            running=running,
+            waiting=waiting,
+            arrival_rate=rate,
+            ready_pods=pods,
+        )
+        _, state = decide(spec, signal, state, at, STALE)
+    at += 5.0
+    results = []
+    for waiting in sorted((waiting_a, waiting_b)):
+        signal = Signal(
+            at=at,
+            source="t",
+            running=8.0,
+            waiting=waiting,
+            arrival_rate=arrival,
+            ready_pods=ready,
+        )
+        decision, _ = decide(spec, signal, state, at, STALE)
+        assert decision is not None and 0 <= decision.replicas <= 100
+        results.append(decision.replicas)
+    assert results[0] <= results[1]

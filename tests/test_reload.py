@@ -18,7 +18,14 @@ from tests.conftest import ref, synthetic
 
 def llama() -> object:
     """A workload tuned by the `llama` profile: 16 req/s x 2 s x 1.25 = 40 in flight."""
-    metadata = synthetic(profile="llama", syntheticPeakRps="16", scaleDownStabilizationSeconds="0")
+    metadata = synthetic(
+        profile="llama",
+        syntheticPeakRps="16",
+        scaleDownStabilizationSeconds="0",
+        # Reloads apply at once: no scale-down step, no panic hold (they have tests of their own).
+        scaleDownMaxPercent="100",
+        panicThreshold="100",
+    )
     del metadata["targetConcurrency"]  # trigger keys win over the profile; leave it to the profile
     return ref("llama", metadata)
 

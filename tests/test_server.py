@@ -170,7 +170,10 @@ async def test_spec_answers_while_the_backend_is_unreachable(start_server):
 
 
 async def test_200_scaled_objects_polled_concurrently(start_server):
-    _, client = await start_server()
+    # A production-like tick (1 s): each workload's warm start replays its policy memory
+    # (the horizon, 210 s by default) tick for tick before its first answer.
+    settings = ServerSettings(evaluation_interval_s=1.0, first_decision_timeout_s=20.0)
+    _, client = await start_server(Config(server=settings))
     objects = {
         f"model-{i}": (
             peak := float(i % 40 + 1),

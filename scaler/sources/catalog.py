@@ -96,6 +96,7 @@ SIGNAL_FIELDS = (
     "ttft_p99_s",
     "kv_cache_usage",
     "ready_pods",
+    "service_time_s",
 )
 # Trigger/profile keys that replace one signal's expression with the user's PromQL.
 QUERY_KEYS = {
@@ -107,6 +108,7 @@ QUERY_KEYS = {
     "ttft_p99_s": "ttftP99Query",
     "kv_cache_usage": "kvCacheQuery",
     "ready_pods": "readyPodsQuery",
+    "service_time_s": "serviceTimeQuery",
 }
 
 
@@ -164,6 +166,16 @@ CATALOGS: Mapping[str, Catalog] = {
             # Only for decoupled models with histogram_latencies=true.
             "ttft_p99_s": Quantile(0.99, ("nv_inference_first_response_histogram_ms",), 1e-3),
             "ready_pods": Count(_TRITON_WAITING),
+            # Time a request holds the model: input + infer + output, per completed request.
+            "service_time_s": Ratio(
+                Plus(
+                    tuple(
+                        Rate(_triton(f"nv_inference_compute_{phase}_duration_us"), scale=1e-6)
+                        for phase in ("input", "infer", "output")
+                    )
+                ),
+                Rate(_triton("nv_inference_request_success")),
+            ),
         },
     ),
     "vllm": Catalog(
@@ -194,6 +206,11 @@ CATALOGS: Mapping[str, Catalog] = {
                 _vllm("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), agg="max"
             ),
             "ready_pods": Count(_VLLM_WAITING),
+            # Time a request holds a batch slot (RUNNING: prefill + decode), per request.
+            "service_time_s": Ratio(
+                Rate(_vllm("vllm:request_inference_time_seconds_sum")),
+                Rate(_vllm("vllm:request_inference_time_seconds_count")),
+            ),
         },
     ),
     "custom": Catalog(backend="custom", model_label=None, default_metrics_port=None, signals={}),

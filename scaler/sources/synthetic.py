@@ -8,7 +8,7 @@ phase x = (t mod P) / P:
                         sine      R * (0.55 + 0.45 sin(2 pi x))         (10% .. 100% of R)
                         constant  R
                         zero      0
-    running   = r * S                       (Little's law: requests in service)
+    running   = r * S                       (Little's law: requests in service; S is reported)
     queue time = S / 4 * (r / R)^2           (grows with load, 0 when idle)
     waiting   = r * queue time              (Little's law again: requests in the queue)
 """
@@ -50,6 +50,7 @@ def synthetic_signal(spec: WorkloadSpec, at: float) -> Signal:
         running=rate * service,
         arrival_rate=rate,
         queue_time_mean_s=queue_time,
+        service_time_s=service if rate > 0 else None,
         age_s=0.0,
     )
 
