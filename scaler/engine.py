@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 HISTORY_MAX_POINTS = 600
 FORECAST_MEMORY_BINS = 120  # the forecaster's error window (100) and selector warm-up, rounded up
 FORECAST_WARMUP_MAX_S = 6 * 3600.0
+SOURCE_FAILURE_LOG_EVERY_S = 60.0  # a persisting source failure is logged at most this often
 WorkloadKey = tuple[str, str, str]
 
 
@@ -55,6 +56,52 @@ class NoDecisionError(Exception):
         self.message = message
 
 
+class SourceFailures:
+    """Logs a run of source failures (a source raising what no source should): once when it
+    starts, with the error; at most every SOURCE_FAILURE_LOG_EVERY_S while it persists, with the
+    count; once when a read succeeds again. The evaluation counters still count every tick."""
+
+    def __init__(self) -> None:
+        self.count = 0  # failures in the current run; 0 while the source answers
+        self.started = 0.0
+        self.logged = 0.0
+
+    def failed(self, workload: str, exc: Exception, now: float) -> None:
+        self.count += 1
+        fields = {"workload": workload, "error": repr(exc), "failures": self.count}
+        if self.count == 1:
+            self.started = self.logged = now
+            log.error("source failed", exc_info=exc, extra={"event": "source_failed", **fields})
+        elif now - self.logged >= SOURCE_FAILURE_LOG_EVERY_S:
+            self.logged = now
+            log.error(
+                "source still failing (%d failures in %.0fs): %r",
+                self.count,
+                now - self.started,
+                exc,
+                extra={
+                    "event": "source_failing",
+                    "failing_s": round(now - self.started, 3),
+                    **fields,
+                },
+            )
+
+    def succeeded(self, workload: str, now: float) -> None:
+        if self.count:
+            log.info(
+                "source recovered after %d failures in %.0fs",
+                self.count,
+                now - self.started,
+                extra={
+                    "event": "source_recovered",
+                    "workload": workload,
+                    "failures": self.count,
+                    "failing_s": round(now - self.started, 3),
+                },
+            )
+            self.count = 0
+
+
 class Workload:
     def __init__(self, trigger: TriggerSpec, asked_at: float) -> None:
         self.trigger = trigger
@@ -67,6 +114,7 @@ class Workload:
         self.first = asyncio.Event()  # the first evaluation has finished (with or without result)
         self.updated = asyncio.Event()  # replaced after every publish; waiters wake on set()
         self.task: asyncio.Task[None] | None = None
+        self.source_failures = SourceFailures()
 
     def outlook(self, spec: WorkloadSpec) -> Outlook | None:
         """The current forecast outlook (None with forecasting off), built on first use and
@@ -107,7 +155,8 @@ class Engine:
         self._clock = clock
         self._monotonic = monotonic
         self._workloads: dict[WorkloadKey, Workload] = {}
-        self._closing = False
+        self._closing = False  # watchers end; loops keep answering unary calls
+        self._stopped = False  # loops end (cancelled, and each checks this before every tick)
 
     # --- what the RPCs call: memory only -----------------------------------------------------
 
@@ -163,8 +212,12 @@ class Engine:
             workload.updated.set()
 
     async def close(self) -> None:
-        """Stop every loop and wake every watcher (they see `_closing` and end)."""
-        self._closing = True
+        """Stop every loop and wake every watcher (they see `_closing` and end).
+
+        Loops are cancelled and also check `_stopped` before every tick, so a loop whose
+        cancellation is lost (a source that swallows CancelledError) still ends at its next tick.
+        """
+        self._closing = self._stopped = True
         tasks = [w.task for w in self._workloads.values() if w.task is not None]
         for task in tasks:
             task.cancel()
@@ -181,7 +234,7 @@ class Engine:
     async def _run(self, key: WorkloadKey, workload: Workload) -> None:
         try:
             await self._warm_start(workload)
-            while True:
+            while not self._stopped:
                 server = self._store.current.server
                 interval = server.evaluation_interval_s
                 tick = math.floor(self._clock() / interval) * interval
@@ -262,12 +315,16 @@ class Engine:
             spec = self._spec(workload)
             source = self._source_for(spec)
             timeout = max(self._store.current.server.evaluation_interval_s, spec.read_deadline_s)
-            signal = await asyncio.wait_for(source.read(spec, at), timeout)
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives after
+            # the read finished but before wait_for resumed (CPython gh-86296), and the loop
+            # then never stops. asyncio.timeout awaits the read in this task: nothing is lost.
+            async with asyncio.timeout(timeout):
+                signal = await source.read(spec, at)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a source bug must not cost the last good target
             if not isinstance(exc, (NoDecisionError, SourceError, TimeoutError)):
-                log.exception("source failed", extra={"workload": workload.trigger.workload})
+                workload.source_failures.failed(workload.trigger.workload, exc, self._monotonic())
             problem = (
                 exc
                 if isinstance(exc, NoDecisionError)
@@ -280,6 +337,7 @@ class Engine:
             telemetry.EVALUATIONS.labels(outcome="held" if decision else "none").inc()
             workload.publish(decision, None if decision else problem)
             return
+        workload.source_failures.succeeded(workload.trigger.workload, self._monotonic())
         decision, workload.state = decide(
             spec, signal, workload.state, at, stale, outlook=workload.outlook(spec)
         )

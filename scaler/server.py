@@ -5,12 +5,15 @@ for `--drain-seconds` (while Kubernetes removes the pod from the Service and KED
 to the other replica), open streams end with OK (KEDA reconnects elsewhere), in-flight unary calls
 finish within the grace period, the per-workload loops stop, and the process exits 0. Calls that
 arrive after the drain are refused by gRPC (UNAVAILABLE or CANCELLED) and KEDA retries them.
+A loop that does not stop within STOP_LOOPS_S (a bug) is logged (`stop_timeout`) and the process
+exits 1 instead of hanging until Kubernetes kills it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from urllib.parse import urlsplit
 
@@ -78,6 +81,7 @@ class ScalerServer:
         self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
         self._http: HttpEndpoint | None = None
+        self.loops_stopped = True  # False if stop() gave up on workload loops that would not end
 
     async def start(self) -> None:
         host, port = split_address(self.address)
@@ -121,10 +125,21 @@ class ScalerServer:
         self._shutdown.set()
         self.engine.release_watchers()
         await self._server.stop(self.grace_s)
-        try:  # bounded: a stuck workload loop must not keep the process from exiting
-            await asyncio.wait_for(self.engine.close(), STOP_LOOPS_S)
-        except TimeoutError:
-            log.error("workload loops did not stop in time", extra={"event": "stop_timeout"})
+        # Bounded: a stuck workload loop must not keep the process from exiting. Not
+        # asyncio.wait_for: on timeout it cancels the close and then waits for it to finish,
+        # which a loop that ignores cancellation never lets happen.
+        closing = asyncio.ensure_future(self.engine.close())
+        done, _ = await asyncio.wait({closing}, timeout=STOP_LOOPS_S)
+        if not done:
+            self.loops_stopped = False
+            closing.cancel()
+            log.error(
+                "workload loops did not stop within %gs",
+                STOP_LOOPS_S,
+                extra={"event": "stop_timeout"},
+            )
+        elif closing.exception() is not None:
+            log.error("closing the engine failed", exc_info=closing.exception())
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -149,4 +164,7 @@ async def serve(server: ScalerServer) -> int:
     await stop.wait()
     log.info("signal received; shutting down", extra={"event": "shutdown"})
     await server.stop()
+    if not server.loops_stopped:  # asyncio.run would wait for them forever on the way out
+        logging.shutdown()
+        os._exit(1)
     return 0

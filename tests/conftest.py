@@ -64,6 +64,7 @@ async def start_server() -> AsyncIterator[ServerFactory]:
     for server in servers:
         server.grace_s = min(server.grace_s, 2.0)  # nothing in flight is waited on at teardown
         await server.stop()  # bounded inside: grace, then at most STOP_LOOPS_S for the loops
+        assert server.loops_stopped, "a workload loop did not stop (see the stop_timeout log)"
 
 
 def ref(name: str, metadata: Mapping[str, str], namespace: str = "team-a") -> Any:

@@ -1,10 +1,18 @@
-"""What every test server shares: start on `with`, stop on exit, and a readable log tail."""
+"""What every test server shares: start on `with`, stop on exit, a bounded wait until it serves,
+and a readable log tail."""
 
 from __future__ import annotations
 
+import math
+import subprocess
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+# A readiness probe: None once it passes, else why not (shown if the wait runs out).
+Probe = Callable[[], str | None]
 
 
 class StartStop:
@@ -38,3 +46,49 @@ def log_tail(path: Path, lines: int, title: str) -> str:
     return f"--- {title}: last {lines} lines of {path} ---\n" + "\n".join(
         text.splitlines()[-lines:]
     )
+
+
+class NotReadyError(RuntimeError):
+    """The server exited while starting (`exit_code` set), or did not serve in time."""
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def wait_until_ready(
+    name: str,
+    proc: subprocess.Popen[bytes],
+    probes: Sequence[Probe],
+    timeout_s: float,
+    *,
+    errors: tuple[type[Exception], ...] = (OSError, ValueError, LookupError),
+    interval_s: float = 0.25,
+) -> float:
+    """Poll until every probe has passed, in order (one that passed is not asked again), e.g. a
+    health endpoint, then one real request. Bounded in time and in attempts; a probe raising one
+    of `errors` is a failed attempt. Returns the seconds waited; raises NotReadyError if `proc`
+    exits first or the time runs out."""
+    began = time.monotonic()
+    deadline = began + timeout_s
+    passed = 0
+    last = "no answer yet"
+    for _ in range(math.ceil(timeout_s / interval_s) + 1):
+        code = proc.poll()
+        if code is not None:
+            raise NotReadyError(f"{name} exited with code {code} while starting", code)
+        try:
+            while passed < len(probes):
+                reason = probes[passed]()
+                if reason is not None:
+                    last = reason
+                    break
+                passed += 1
+        except errors as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if passed == len(probes):
+            return time.monotonic() - began
+        if time.monotonic() + interval_s >= deadline:
+            break
+        time.sleep(interval_s)
+    raise NotReadyError(f"{name} not ready within {timeout_s:g} s ({last})")

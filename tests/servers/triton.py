@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.servers.base import StartStop
+from tests.servers.base import NotReadyError, StartStop, wait_until_ready
 from tests.servers.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -166,30 +166,28 @@ class TritonServer(StartStop):
 
     def _wait_ready(self) -> None:
         assert self.proc is not None
-        deadline = time.monotonic() + self.start_timeout_s
-        ready = False
-        last_error = "no answer yet"
         with httpx.Client(base_url=self.http_url, timeout=2.0, trust_env=False) as client:
-            while time.monotonic() < deadline:
-                code = self.proc.poll()
-                if code is not None:
-                    raise TritonStartError(f"triton_toy.py exited with code {code} while starting")
-                try:
-                    if not ready:
-                        resp = client.get("/v2/health/ready")
-                        ready = resp.status_code == 200
-                        last_error = f"/v2/health/ready -> {resp.status_code}"
-                    if ready:
-                        resp = client.post(f"/v2/models/{MODEL}/infer", json=infer_body(1.5))
-                        if resp.status_code == 200 and resp.json()["outputs"][0]["data"] == [3.0]:
-                            return
-                        last_error = f"infer -> {resp.status_code} {resp.text[:200]}"
-                except (httpx.HTTPError, ValueError, KeyError, IndexError) as err:
-                    last_error = f"{type(err).__name__}: {err}"
-                time.sleep(0.25)
-        raise TritonStartError(
-            f"Triton not serving {MODEL} within {self.start_timeout_s:.0f}s ({last_error})"
-        )
+
+            def health() -> str | None:
+                status = client.get("/v2/health/ready").status_code
+                return None if status == 200 else f"/v2/health/ready -> {status}"
+
+            def infer() -> str | None:  # ready can answer slightly before the model serves
+                resp = client.post(f"/v2/models/{MODEL}/infer", json=infer_body(1.5))
+                if resp.status_code == 200 and resp.json()["outputs"][0]["data"] == [3.0]:
+                    return None
+                return f"infer -> {resp.status_code} {resp.text[:200]}"
+
+            try:
+                wait_until_ready(
+                    "triton_toy.py",
+                    self.proc,
+                    (health, infer),
+                    self.start_timeout_s,
+                    errors=(httpx.HTTPError, ValueError, KeyError, IndexError),
+                )
+            except NotReadyError as err:
+                raise TritonStartError(str(err)) from None
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM our PID, wait; SIGKILL our process group if it does not exit in time."""

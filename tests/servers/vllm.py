@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.servers.base import StartStop, log_tail
+from tests.servers.base import NotReadyError, StartStop, log_tail, wait_until_ready
 from tests.servers.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +133,7 @@ class VllmServer(StartStop):
                 start_new_session=True,
             )
         try:
-            self._wait_ready(began + self.start_timeout_s)
+            self._wait_ready(self.start_timeout_s)
         except BaseException:
             self.keep_log = True
             self.stop()
@@ -141,35 +141,33 @@ class VllmServer(StartStop):
         self.started_in_s = time.monotonic() - began
         return self
 
-    def _wait_ready(self, deadline: float) -> None:
-        healthy = False
-        last_error = "no answer yet"
+    def _wait_ready(self, timeout_s: float) -> None:
+        assert self.proc is not None
         with httpx.Client(base_url=self.url, timeout=10.0) as client:
-            for _ in range(int(self.start_timeout_s * 4) + 1):  # bounded in count and in time
-                if time.monotonic() >= deadline:
-                    break
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"vLLM exited early with code {self.proc.returncode}\n{self.log_tail()}"
-                    )
-                try:
-                    if not healthy:
-                        healthy = client.get("/health", timeout=2.0).status_code == 200
-                    if healthy:
-                        response = client.post(
-                            "/v1/completions",
-                            json={"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 4},
-                        )
-                        if response.status_code == 200 and response.json().get("choices"):
-                            return
-                        last_error = f"/v1/completions {response.status_code}: {response.text}"
-                except (httpx.HTTPError, ValueError) as exc:
-                    last_error = repr(exc)
-                time.sleep(0.25)
-        raise RuntimeError(
-            f"vLLM not ready within {self.start_timeout_s:.0f} s ({last_error})\n{self.log_tail()}"
-        )
+
+            def health() -> str | None:
+                status = client.get("/health", timeout=2.0).status_code
+                return None if status == 200 else f"/health {status}"
+
+            def complete() -> str | None:
+                response = client.post(
+                    "/v1/completions",
+                    json={"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 4},
+                )
+                if response.status_code == 200 and response.json().get("choices"):
+                    return None
+                return f"/v1/completions {response.status_code}: {response.text}"
+
+            try:
+                wait_until_ready(
+                    "vLLM",
+                    self.proc,
+                    (health, complete),
+                    timeout_s,
+                    errors=(httpx.HTTPError, ValueError),
+                )
+            except NotReadyError as err:
+                raise RuntimeError(f"{err}\n{self.log_tail()}") from None
 
     def log_tail(self, lines: int = 60) -> str:
         return log_tail(self.log_path, lines, "vllm")

@@ -1,0 +1,118 @@
+"""A persisting source failure is logged when it starts, at most once a minute while it lasts,
+and when it clears; the evaluation counters still count every failed tick."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+from prometheus_client import REGISTRY
+
+from scaler import engine as engine_module
+from scaler.config import Config, ServerSettings
+from scaler.config_watch import ConfigStore
+from scaler.engine import Engine
+from scaler.logs import JsonFormatter
+from scaler.signals import Signal
+from scaler.trigger import parse_trigger
+from scaler.workload import WorkloadSpec
+from tests.conftest import synthetic
+
+SETTINGS = ServerSettings(
+    evaluation_interval_s=0.05, workload_idle_timeout_s=3600.0, first_decision_timeout_s=5.0
+)
+
+
+class BuggySource:
+    def __init__(self) -> None:
+        self.fail = False
+        self.reads = 0
+
+    async def read(self, spec: WorkloadSpec, at: float) -> Signal:
+        self.reads += 1
+        if self.fail:
+            raise KeyError("a bug in a source")
+        return Signal(at=at, source="test", running=40.0, waiting=0.0, arrival_rate=1.0)
+
+    async def history(
+        self, spec: WorkloadSpec, start: float, end: float, step: float
+    ) -> list[Signal]:
+        return []
+
+
+def held() -> float:
+    return REGISTRY.get_sample_value("queue_scaler_evaluations_total", {"outcome": "held"}) or 0.0
+
+
+async def wait_reads(source: BuggySource, count: int) -> None:
+    start = source.reads
+    for _ in range(400):
+        if source.reads >= start + count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"only {source.reads - start} reads, expected {count}")
+
+
+def source_events(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
+    """The engine's source_* log lines, as the JSON lines `scaler serve` writes."""
+    formatter = JsonFormatter()
+    lines = [json.loads(formatter.format(record)) for record in caplog.records]
+    return [line for line in lines if str(line.get("event", "")).startswith("source_")]
+
+
+async def test_a_persisting_source_failure_is_logged_once_then_throttled(monkeypatch, caplog):
+    monkeypatch.setattr(engine_module, "SOURCE_FAILURE_LOG_EVERY_S", 0.4)
+    caplog.set_level(logging.INFO, logger="scaler.engine")
+    source = BuggySource()
+    engine = Engine(ConfigStore(Config(server=SETTINGS)), sources=lambda _: source)
+    trigger = parse_trigger("team-a", "llama", synthetic())
+    try:
+        assert (await engine.decision(trigger)).replicas == 5
+        before = held()
+        source.fail = True
+        await wait_reads(source, 20)  # about 1 s of failing ticks
+        source.fail = False
+        await wait_reads(source, 3)
+        events = source_events(caplog)
+    finally:
+        await engine.close()
+
+    kinds = [line["event"] for line in events]
+    assert kinds[0] == "source_failed" and kinds[-1] == "source_recovered", kinds
+    assert kinds.count("source_failed") == 1 and kinds.count("source_recovered") == 1
+    repeats = [line for line in events if line["event"] == "source_failing"]
+    first, recovered = events[0], events[-1]
+    assert first["level"] == "error" and first["workload"] == "team-a/llama"
+    assert "a bug in a source" in str(first["error"]) and "KeyError" in str(first["exc"])
+    assert "exc" not in repeats[0]  # the traceback is shown once, when the failure starts
+    counts = [int(str(line["failures"])) for line in events]
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] >= 20
+    assert recovered["level"] == "info"
+    failing_s = float(str(recovered["failing_s"]))  # about 1 s: 20 ticks of 0.05 s
+    assert 1 <= len(repeats) <= failing_s / 0.4 + 1, kinds  # at most one line per 0.4 s
+    assert held() - before == recovered["failures"]  # the counter counted every failed tick
+
+
+async def test_a_new_failure_after_recovery_is_logged_again(caplog):
+    caplog.set_level(logging.INFO, logger="scaler.engine")
+    source = BuggySource()
+    engine = Engine(ConfigStore(Config(server=SETTINGS)), sources=lambda _: source)
+    trigger = parse_trigger("team-a", "llama", synthetic())
+    try:
+        await engine.decision(trigger)
+        for _ in range(2):
+            source.fail = True
+            await wait_reads(source, 3)
+            source.fail = False
+            await wait_reads(source, 2)
+        events = source_events(caplog)
+    finally:
+        await engine.close()
+    assert [line["event"] for line in events] == [
+        "source_failed",
+        "source_recovered",
+        "source_failed",
+        "source_recovered",
+    ]
