@@ -83,6 +83,17 @@ def service_time(signal: Signal, spec: CapacitySpec) -> float | None:
     return None
 
 
+def offered(signal: Signal, spec: CapacitySpec) -> float | None:
+    """Replicas the arrivals alone need, arrival_rate x S / targetConcurrency, with an S that
+    holds under load; None when either is unknown. Unlike the need it does not depend on the
+    fleet (a short fleet queues, then drains), so it is the series worth forecasting."""
+    s = loaded_service_time(signal, spec)
+    if s is None or signal.arrival_rate is None:
+        return None
+    value = signal.arrival_rate * s / spec.target_concurrency
+    return value if math.isfinite(value) else None
+
+
 def loaded_service_time(signal: Signal, spec: CapacitySpec) -> float | None:
     """An S that holds under load, for the queue term: configured, or reported by the servers,
     or Little's law on the running requests only while nothing waits (a saturated fleet's
@@ -145,11 +156,13 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
         and s is not None
         and signal.waiting is not None
     ):
-        if backlog is None:
-            drain = (signal.arrival_rate or 0.0) + signal.waiting / spec.queue_time_slo_s
-        else:  # replicas asked now serve in H at the earliest: no sooner drain to pay for
-            window = max(spec.queue_time_slo_s, fleet.horizon_s if fleet is not None else 0.0)
-            drain = (signal.arrival_rate or 0.0) + backlog / window
+        # With a fleet to reason about, replicas asked now serve in H at the earliest: there
+        # is no sooner drain to pay for.
+        queued = signal.waiting if backlog is None else backlog
+        window = spec.queue_time_slo_s
+        if fleet is not None and fleet.ready is not None:
+            window = max(window, fleet.horizon_s)
+        drain = (signal.arrival_rate or 0.0) + queued / window
         terms["queue_slo"] = drain * s / per_replica
     if (
         spec.kv_cache_target is not None

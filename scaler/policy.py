@@ -76,6 +76,12 @@ class Decision:
     faults: tuple[str, ...] = ()  # what is missing or wrong right now
     signal: Signal | None = None  # what the decision was made from (None when held)
     outlook: Outlook | None = None  # the forecast it considered (None with forecasting off)
+    offered: float | None = None  # replicas the arrivals need (capacity.offered), if known
+
+    @property
+    def demand(self) -> float | None:
+        """What the forecaster learns: the offered load, else the need."""
+        return self.offered if self.offered is not None else self.need
 
     @property
     def decision_id(self) -> str:
@@ -264,6 +270,7 @@ def decide(
         faults=faults + signal.reasons,
         signal=signal,
         outlook=ahead,
+        offered=capacity.offered(signal, spec.capacity),
     )
     raised = last is None or target > last.replicas
     return decision, PolicyState(

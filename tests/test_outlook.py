@@ -101,6 +101,7 @@ def run_wave(forecast: str, until: float) -> dict[float, tuple[int, bool, str]]:
         horizonSeconds="40",
         scaleToZeroIdleSeconds="20",
         scaleDownStabilizationSeconds="0",
+        scaleDownMaxPercent="100",
     )
     state = PolicyState()
     need = NeedForecast(workload.forecast_step_s, workload.horizon_s, workload.season_period_s)
@@ -111,7 +112,7 @@ def run_wave(forecast: str, until: float) -> dict[float, tuple[int, bool, str]]:
             workload, synthetic_signal(workload, at), state, at, 600.0, outlook=need.outlook
         )
         assert decision is not None
-        need.observe(at, decision.need)
+        need.observe(at, decision.demand)  # as the engine feeds it
         seen[at - T0] = (decision.replicas, decision.active, decision.reason.value)
         at += 5.0
     return seen
