@@ -23,14 +23,14 @@ from enum import Enum
 from scaler import telemetry
 from scaler.config_watch import ConfigStore
 from scaler.outlook import NeedForecast, Outlook
-from scaler.policy import Decision, PolicyState, Reason, decide, hold
+from scaler.policy import Decision, PolicyState, Reason, decide, hold, policy_memory_s
 from scaler.sources import Source, SourceError, Sources
 from scaler.trigger import TriggerSpec
 from scaler.workload import ResolveError, WorkloadSpec, resolve
 
 log = logging.getLogger(__name__)
 
-HISTORY_MAX_POINTS = 600
+HISTORY_MAX_POINTS = 2400  # per range query; Prometheus allows 11,000
 FORECAST_MEMORY_BINS = 120  # the forecaster's error window (100) and selector warm-up, rounded up
 FORECAST_WARMUP_MAX_S = 6 * 3600.0
 SOURCE_FAILURE_LOG_EVERY_S = 60.0  # a persisting source failure is logged at most this often
@@ -130,10 +130,15 @@ class Workload:
         return self.forecast.outlook
 
     def learn(self, spec: WorkloadSpec, at: float, decision: Decision | None) -> None:
-        """Feed the need behind a fresh decision (not a held one) to the forecaster."""
+        """Feed the demand behind a fresh decision (not a held one) to the forecaster: the
+        offered load when it is known (`capacity.offered`), else the need. The need of a queued
+        fleet depends on the fleet itself (a short fleet queues, then drains), the offered load
+        does not, and that is what is ahead of us to forecast."""
         if self.forecast is not None and spec.forecast:
-            fresh = decision is not None and decision.reason is not Reason.HOLD
-            self.forecast.observe(at, decision.need if fresh and decision else None)
+            value = None
+            if decision is not None and decision.reason is not Reason.HOLD:
+                value = decision.demand
+            self.forecast.observe(at, value)
 
     def publish(self, decision: Decision | None, problem: NoDecisionError | None) -> None:
         self.decision, self.problem = decision, problem
@@ -283,7 +288,9 @@ class Engine:
             return
         interval = self._store.current.server.evaluation_interval_s
         end = math.floor(self._clock() / interval) * interval
-        fine_start, fine_step = _segment(end, spec.scale_down_stabilization_s, interval)
+        # The fine part, tick for tick, covers all the policy remembers exactly: the
+        # stabilization window, replicas asked within the horizon, and panic's windows.
+        fine_start, fine_step = _segment(end, policy_memory_s(spec), interval)
         # The older part covers the idle window and, with forecasting on, the forecaster's memory
         # (its error window plus a horizon of bins), so a late replica's outlook matches.
         memory = spec.scale_to_zero_idle_s
