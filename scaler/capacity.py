@@ -18,7 +18,8 @@ With a `Fleet` (what the policy knows: a cold-start horizon, the ready replicas,
 asked for and not yet ready), the queue is counted where it will be when a
 replica asked now can serve, instead of as concurrency now:
 
-- queue: max(running, arrival_rate x S) / targetConcurrency + B x S / (targetConcurrency x H),
+- queue: arrival_rate x S / targetConcurrency + B x S / (targetConcurrency x H) (and no less
+  than the busy replicas, running / targetConcurrency, while a queue waits),
   where H is the horizon and B the backlog a replica asked now would find on arrival: today's
   `waiting`, grown or drained at arrivals minus the throughput of the ready replicas until the
   pending ones serve, then of ready + pending until H. It replaces `concurrency`, and queue_slo
@@ -61,8 +62,12 @@ class Fleet:
 @dataclass(frozen=True)
 class Need:
     replicas: float  # fractional replicas needed now
-    term: str  # "concurrency" | "littles_law" | "queue_slo" | "kv_cache"
+    term: str  # "concurrency" | "queue" | "littles_law" | "queue_slo" | "kv_cache"
     terms: dict[str, float]  # every term that could be computed
+    # The need without what drains a backlog (the queue term's flow part only): what the
+    # stabilization window remembers, so the replicas a drain keeps busy are not held for a
+    # whole window after the queue is gone. Equal to `replicas` without a fleet.
+    steady: float | None = None
 
     def describe(self) -> str:
         shown = ", ".join(f"{name}={value:.2f}" for name, value in self.terms.items())
@@ -106,16 +111,19 @@ def loaded_service_time(signal: Signal, spec: CapacitySpec) -> float | None:
 
 
 def backlog_on_arrival(signal: Signal, per_replica: float, s: float, fleet: Fleet) -> float:
-    """Requests a replica asked for now would find waiting when it starts serving (H from now):
-    the queue grows or drains at arrivals minus the ready replicas' throughput until the pending
-    ones serve, then at arrivals minus the throughput of all of them."""
+    """The backlog to drain over a horizon: the queue grows or drains at arrivals minus the ready
+    replicas' throughput until the pending ones serve (what they meet), then at arrivals minus the
+    throughput of all of them until a replica asked now would serve (what it would meet)."""
     arrivals = signal.arrival_rate or 0.0
     per_replica_rate = per_replica / s
     now_rate = (fleet.ready or 0) * per_replica_rate
     first = min(fleet.pending_in_s, fleet.horizon_s)
     backlog = max(0.0, (signal.waiting or 0.0) + (arrivals - now_rate) * first)
     later_rate = now_rate + fleet.pending * per_replica_rate
-    return max(0.0, backlog + (arrivals - later_rate) * (fleet.horizon_s - first))
+    final = max(0.0, backlog + (arrivals - later_rate) * (fleet.horizon_s - first))
+    # The larger of the two: the queue the pending replicas meet is what keeps them needed (a
+    # target that dropped below them as their arrival neared would cancel their cold starts).
+    return max(backlog, final) if fleet.pending > 0 else final
 
 
 def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need | None:
@@ -127,6 +135,7 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
     # The queue term needs an S that is right under load: configured, or learned unqueued.
     known_s = loaded_service_time(signal, spec)
     backlog: float | None = None
+    steady_queue: float | None = None
     if (
         fleet is not None
         and fleet.ready is not None
@@ -137,8 +146,12 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
         and signal.waiting is not None
     ):
         backlog = backlog_on_arrival(signal, per_replica, known_s, fleet)
-        flow = max(signal.running or 0.0, signal.arrival_rate * known_s)
-        terms["queue"] = (flow + backlog * known_s / fleet.horizon_s) / per_replica
+        # While a backlog drains, the busy replicas are kept (`running`); the window remembers
+        # only the flow (`Need.steady`).
+        flow = signal.arrival_rate * known_s
+        draining = signal.running or 0.0 if signal.waiting >= 1.0 else 0.0
+        terms["queue"] = (max(flow, draining) + backlog * known_s / fleet.horizon_s) / per_replica
+        steady_queue = flow / per_replica
         s = known_s
     elif in_flight is not None:
         terms["concurrency"] = in_flight / per_replica
@@ -175,4 +188,8 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
     if not terms:
         return None
     term = max(terms, key=lambda name: terms[name])
-    return Need(replicas=terms[term], term=term, terms=terms)
+    if steady_queue is None:
+        return Need(replicas=terms[term], term=term, terms=terms, steady=terms[term])
+    lasting = [v for name, v in terms.items() if name not in ("queue", "queue_slo")]
+    steady = max([steady_queue, *lasting])
+    return Need(replicas=terms[term], term=term, terms=terms, steady=min(steady, terms[term]))

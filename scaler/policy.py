@@ -177,7 +177,11 @@ def decide(
 
     need = required.replicas
     now_replicas = max(0, math.ceil(need - EPSILON))
-    recent = _window_max_push(state.recent, at, now_replicas, at - spec.scale_down_stabilization_s)
+    # The window remembers the steady need (without a backlog's drain), so the replicas a
+    # drain keeps busy go once the queue is gone, not a whole window later.
+    steady = required.steady if required.steady is not None else need
+    lasting = max(0, math.ceil(steady - EPSILON))
+    recent = _window_max_push(state.recent, at, lasting, at - spec.scale_down_stabilization_s)
     busy = bool(signal.busy)
     last_busy = at if busy else state.last_busy_at
     first_at = state.first_at if state.first_at is not None else at
@@ -193,7 +197,7 @@ def decide(
 
     # 1. Current need, held for the stabilization window (a removed replica takes a cold
     #    start to come back).
-    target = recent[0][1]
+    target = max(recent[0][1], now_replicas)
     reason = Reason.CURRENT_NEED if target == now_replicas else Reason.STABILIZATION
     detail = f"{required.describe()} -> {now_replicas}"
     if ahead_of.pending:
