@@ -42,6 +42,7 @@ from scaler.signals import Signal
 from scaler.workload import WorkloadSpec
 
 EPSILON = 1e-9
+TICK_TOLERANCE_S = 1e-3  # tick times closer than this are the same tick (evaluation >= 0.05 s)
 PANIC_HOLD_S = 60.0  # panic lasts this long after demand last outran the ask (Knative: 60 s)
 SCALE_DOWN_PERIOD_S = 60.0  # the period scaleDownMaxPercent applies to
 
@@ -107,12 +108,23 @@ class PolicyState:
     panic_peak: int = 0  # the highest target since panic began (0 outside panic)
 
 
+def _within(t: float, start: float) -> bool:
+    """t is after `start`, with a tolerance: tick times near 1.8e9 s carry float noise of ~1e-7 s
+    (k x interval live, start + i x step replayed), and a window edge must fall the same way on
+    every replica."""
+    return t > start + TICK_TOLERANCE_S
+
+
+def _window_max(queue: tuple[tuple[float, int], ...], start: float) -> int:
+    return max((v for t, v in queue if _within(t, start)), default=0)
+
+
 def _window_max_push(
     queue: tuple[tuple[float, int], ...], at: float, value: int, window_start: float
 ) -> tuple[tuple[float, int], ...]:
     """Append (at, value) and drop what can no longer be the maximum: O(1) amortised, so a
     replayed history of hundreds of ticks costs no more than live evaluation."""
-    kept = [p for p in queue if p[0] > window_start and p[1] > value]
+    kept = [p for p in queue if _within(p[0], window_start) and p[1] > value]
     return (*kept, (at, value))
 
 
@@ -146,11 +158,11 @@ def fleet(spec: WorkloadSpec, signal: Signal, state: PolicyState, at: float) -> 
     the source there is no fleet to reason about (`capacity.need` keeps the concurrency term):
     assuming the HPA followed the target at once would feed each target back into the next."""
     ready = signal.ready_pods
-    asked = max((v for t, v in state.asked if t > at - spec.horizon_s), default=0)
+    asked = _window_max(state.asked, at - spec.horizon_s)
     pending, pending_in = 0.0, 0.0
     if ready is not None and state.raised_at is not None:
         age = at - state.raised_at
-        if asked > ready and age < spec.horizon_s:
+        if asked > ready and age < spec.horizon_s - TICK_TOLERANCE_S:
             pending, pending_in = float(asked - ready), spec.horizon_s - age
     return capacity.Fleet(
         horizon_s=spec.horizon_s,
@@ -217,12 +229,12 @@ def decide(
     #    lasts (PANIC_HOLD_S after demand last outran). Unlike a reactive queue metric it does
     #    not flood the cluster: the need already counts the replicas on their way and the queue
     #    they will drain, so what is in flight is not asked for twice.
-    asked = max((v for t, v in state.asked if t > at - spec.horizon_s), default=0)
+    asked = _window_max(state.asked, at - spec.horizon_s)
     outran = last is not None and need >= 1.0 and need >= spec.panic_threshold * max(asked, 1)
     if ahead is not None and need > ahead.upper_max + 1.0:
         outran = True
     panic_until = at + PANIC_HOLD_S if outran else state.panic_until
-    if panic_until is not None and (at >= panic_until or idle):
+    if panic_until is not None and (not _within(panic_until, at) or idle):
         panic_until = None
     if panic_until is not None:
         floor = max(now_replicas, state.panic_peak)
@@ -241,7 +253,7 @@ def decide(
     # 5. Scale down at most scaleDownMaxPercent of the replicas per SCALE_DOWN_PERIOD_S.
     # (after the floor of one, before the bounds, so an idle workload still goes to zero)
     base = max(
-        (v for t, v in state.decided if t > at - SCALE_DOWN_PERIOD_S),
+        (v for t, v in state.decided if _within(t, at - SCALE_DOWN_PERIOD_S)),
         default=last.replicas if last is not None else 0,
     )
     if not idle and base:
