@@ -278,6 +278,7 @@ GOOD = {
     "ttft_p99_s": 0.8,
     "kv_cache_usage": 0.75,
     "ready_pods": 2.0,
+    "service_time_s": 1.75,
 }
 
 

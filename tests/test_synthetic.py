@@ -73,6 +73,7 @@ def test_constant_signal_follows_littles_law() -> None:
         running=6 * 2.0,
         arrival_rate=6.0,
         queue_time_mean_s=queue_time,
+        service_time_s=2.0,  # reported, as vLLM and Triton do
         age_s=0.0,
     )
     assert signal.in_flight == 15.0
