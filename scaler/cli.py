@@ -232,6 +232,13 @@ def _bench_replay(args: argparse.Namespace) -> int:
     )
 
 
+def _bench_loadgen(args: argparse.Namespace) -> int:
+    """Replay a trace against a real OpenAI-compatible or Triton endpoint (scaler.bench.loadgen)."""
+    from scaler.bench.loadgen import options_from, run_command
+
+    return run_command(options_from(args), as_json=args.json)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="scaler", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
@@ -379,6 +386,57 @@ def parser() -> argparse.ArgumentParser:
         help="extra trigger metadata for the scaler policy, e.g. forecast=on",
     )
     rp.set_defaults(run=_bench_replay)
+
+    lg = bench_sub.add_parser(
+        "loadgen",
+        help="replay a trace's arrivals and token lengths against a real OpenAI-compatible "
+        "(vLLM) or Triton endpoint, open loop: rate, errors, latency and TTFT",
+    )
+    lg.add_argument("--endpoint", required=True, metavar="URL", help="e.g. http://HOST:8000")
+    lg.add_argument("--api", required=True, choices=["openai", "triton"], help="the endpoint's API")
+    lg.add_argument("--trace", required=True, metavar="FILE", help="a trace file (bench/traces/)")
+    lg.add_argument(
+        "--scale", type=float, default=1.0, metavar="F", help="load multiplier (default 1)"
+    )
+    lg.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="run the trace's clock X times faster",
+    )
+    lg.add_argument("--duration", type=float, metavar="S", help="send for S seconds at most")
+    lg.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=256,
+        metavar="N",
+        help="outstanding requests at most; arrivals beyond are shed (default %(default)s)",
+    )
+    lg.add_argument(
+        "--timeout", type=float, default=60.0, metavar="S", help="per request (default 60)"
+    )
+    lg.add_argument(
+        "--drain",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="after sending ends, wait at most S for answers (default 30)",
+    )
+    lg.add_argument("--model", help="model name (default: the endpoint's first model)")
+    lg.add_argument(
+        "--max-tokens", type=int, metavar="N", help="cap on each request's output tokens"
+    )
+    lg.add_argument("--max-input-tokens", type=int, metavar="N", help="cap on each prompt's tokens")
+    lg.add_argument(
+        "--no-ignore-eos",
+        action="store_true",
+        help="openai: do not send vLLM's ignore_eos (answers may end before max_tokens)",
+    )
+    lg.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    lg.add_argument("--json", action="store_true", help="one JSON object")
+    lg.add_argument("--no-progress", action="store_true", help="no live progress on stderr")
+    lg.set_defaults(run=_bench_loadgen)
     return top
 
 

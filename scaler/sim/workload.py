@@ -126,7 +126,9 @@ def build_requests(
     else:
         assert trace.arrivals_s is not None
         arrivals = trace.arrivals_s / compress
-        span = max(trace.duration_s / compress, float(arrivals[-1]) if arrivals.size else 0.0)
+        # just past the last arrival: np.mod below must not wrap it to 0
+        last = float(np.nextafter(arrivals[-1], np.inf)) if arrivals.size else 0.0
+        span = max(trace.duration_s / compress, last)
         if trace.resolution_s > 0:  # quantised stamps: spread each over its clock tick
             arrivals = arrivals + rng.random(arrivals.size) * trace.resolution_s / compress
         inputs = (
