@@ -27,8 +27,8 @@ trap 'rm -f "$tmp"' EXIT
   echo "for the 10 s-bin request traces; for the 600 s-bin ServeGen rate files the first horizon,"
   echo "1 window (10m). autoets/autoarima CPU is amortised over refits every 12 origins with only"
   echo "\`forward\` in between, which is generous to them; the scaler learns at every update. Under"
-  echo "each table the scaler's CPU is given per update for one series per forecaster (as the engine"
-  echo "runs it) and per series with 1,000 series in one forecaster (the vectorised path)."
+  echo "each table the scaler's CPU is given per update for one series per forecaster (a workload on"
+  echo "its own) and per workload with 1,000 workloads in one ForecastBank (as the engine runs it)."
   echo "Traces and licenses: \`bench/traces/README.md\`."
 } > "$tmp"
 

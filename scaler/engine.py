@@ -18,10 +18,12 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 
 from scaler import telemetry
 from scaler.config_watch import ConfigStore
+from scaler.forecast_bank import BankedForecast, ForecastBanks
 from scaler.outlook import NeedForecast, Outlook
 from scaler.policy import Decision, PolicyState, Reason, decide, hold, policy_memory_s
 from scaler.sources import Source, SourceError, Sources
@@ -103,13 +105,22 @@ class SourceFailures:
 
 
 class Workload:
-    def __init__(self, trigger: TriggerSpec, asked_at: float) -> None:
+    """One workload's loop state. Its forecast is a row of a shared `ForecastBank` (the engine's
+    `banks`; a workload built alone gets banks of its own, so the same code runs in the simulator),
+    except while `replaying` history, when it learns on a `NeedForecast` of its own that then
+    joins the bank with the same state."""
+
+    def __init__(
+        self, trigger: TriggerSpec, asked_at: float, banks: ForecastBanks | None = None
+    ) -> None:
         self.trigger = trigger
         self.last_asked = asked_at
         self.decision: Decision | None = None
         self.problem: NoDecisionError | None = None
         self.state = PolicyState()
-        self.forecast: NeedForecast | None = None
+        self.banks = banks if banks is not None else ForecastBanks()
+        self.forecast: BankedForecast | NeedForecast | None = None
+        self._replaying = False
         self.last_tick: float | None = None
         self.first = asyncio.Event()  # the first evaluation has finished (with or without result)
         self.updated = asyncio.Event()  # replaced after every publish; waiters wake on set()
@@ -120,14 +131,39 @@ class Workload:
         """The current forecast outlook (None with forecasting off), built on first use and
         rebuilt when its step, horizon or season change."""
         if not spec.forecast:
-            self.forecast = None
+            self.release_forecast()
             return None
         shape = (spec.forecast_step_s, spec.horizon_s, spec.season_period_s)
         current = self.forecast
         if current is None or (current.step_s, current.horizon_s, current.period_s) != shape:
-            self.forecast = NeedForecast(*shape)
-        assert self.forecast is not None
-        return self.forecast.outlook
+            self.release_forecast()
+            current = self.forecast = (
+                NeedForecast(*shape) if self._replaying else self.banks.join(*shape)
+            )
+        return current.outlook
+
+    def release_forecast(self) -> None:
+        """Give the forecast's bank row back (the loop ended, forecasting turned off or changed)."""
+        if isinstance(self.forecast, BankedForecast):
+            self.forecast.release()
+        self.forecast = None
+
+    @contextmanager
+    def replaying(self) -> Iterator[None]:
+        """Replay history: it is older than the bank's open bin, so the forecast learns it on a
+        `NeedForecast` of its own, which then joins the bank (`ForecastBank.adopt`) holding what
+        a row live all along would hold."""
+        self.release_forecast()
+        self._replaying = True
+        try:
+            yield
+        finally:
+            self._replaying = False
+            private = self.forecast
+            if isinstance(private, NeedForecast):
+                seat = self.banks.join(private.step_s, private.horizon_s, private.period_s)
+                seat.adopt(private)
+                self.forecast = seat
 
     def learn(self, spec: WorkloadSpec, at: float, decision: Decision | None) -> None:
         """Feed the demand behind a fresh decision (not a held one) to the forecaster: the
@@ -160,6 +196,7 @@ class Engine:
         self._clock = clock
         self._monotonic = monotonic
         self._workloads: dict[WorkloadKey, Workload] = {}
+        self._banks = ForecastBanks()  # workloads' forecasts, one vectorised update per bin
         self._closing = False  # watchers end; loops keep answering unary calls
         self._stopped = False  # loops end (cancelled, and each checks this before every tick)
 
@@ -170,7 +207,7 @@ class Engine:
         key = (trigger.namespace, trigger.name, trigger.metric_name)
         workload = self._workloads.get(key)
         if workload is None:
-            workload = Workload(trigger, self._monotonic())
+            workload = Workload(trigger, self._monotonic(), self._banks)
             self._workloads[key] = workload
             if not self._closing:
                 workload.task = asyncio.create_task(self._run(key, workload), name=str(key))
@@ -264,6 +301,7 @@ class Engine:
         finally:
             if self._workloads.get(key) is workload:
                 del self._workloads[key]
+            workload.release_forecast()
             workload.first.set()
             workload.updated.set()
 
@@ -308,11 +346,12 @@ class Engine:
             return
         stale = self._store.current.server.stale_target_s
         state = workload.state
-        for signal in history:
-            decision, state = decide(
-                spec, signal, state, signal.at, stale, outlook=workload.outlook(spec)
-            )
-            workload.learn(spec, signal.at, decision)
+        with workload.replaying():
+            for signal in history:
+                decision, state = decide(
+                    spec, signal, state, signal.at, stale, outlook=workload.outlook(spec)
+                )
+                workload.learn(spec, signal.at, decision)
         workload.state = state
 
     async def _evaluate(self, workload: Workload, at: float) -> None:

@@ -4,7 +4,10 @@ The engine feeds each decision's need (replicas needed now) in; when a bin of
 `forecastStepSeconds` closes, its mean goes to the forecaster (`scaler.forecast.ScalerForecaster`,
 seasonal candidates when `seasonPeriodSeconds` spans at least two bins) and the next `Outlook` is
 the highest point and upper-quantile forecast within the horizon. Bins are aligned to the wall
-clock, so two scaler replicas fed the same signals (live or replayed history) hold the same outlook.
+clock, so two scaler replicas fed the same signals (live or replayed history) hold the same outlook;
+the forecaster's bin clock is the wall-clock bin index too (its `origin`), so ring positions and
+seasonal phases are the same whenever the series started, and a series' state can move into the
+engine's shared forecaster (`scaler.forecast_bank`) unchanged.
 Deterministic, no I/O, no clock: time comes in as an argument.
 """
 
@@ -37,18 +40,37 @@ class Outlook:
         )
 
 
+def horizon_bins(step_s: float, horizon_s: float) -> int:
+    """Bins the forecaster looks ahead: the horizon, rounded up to whole bins."""
+    return max(1, math.ceil(horizon_s / step_s))
+
+
+def period_bins(step_s: float, period_s: float | None) -> int | None:
+    """The season in bins, or None when there is none or it spans fewer than two bins."""
+    period = round(period_s / step_s) if period_s else 0
+    return period if period >= 2 else None
+
+
+def bin_index(at: float, step_s: float) -> int:
+    """The wall-clock bin `at` falls in."""
+    return math.floor(at / step_s)
+
+
 class NeedForecast:
+    """One workload's need forecast, on a forecaster of its own. The engine runs workloads on a
+    shared `scaler.forecast_bank.ForecastBank` instead (same numbers, one update for all); this is
+    the reference it is tested against and where a workload's history is replayed."""
+
     def __init__(self, step_s: float, horizon_s: float, period_s: float | None) -> None:
         self.step_s = step_s
         self.horizon_s = horizon_s
-        self.horizon = max(1, math.ceil(horizon_s / step_s))
+        self.horizon = horizon_bins(step_s, horizon_s)
         self.period_s = period_s
-        period = round(period_s / step_s) if period_s else 0
-        self.period = period if period >= 2 else None
-        self._reset()
+        self.period = period_bins(step_s, period_s)
+        self._reset(0)
 
-    def _reset(self) -> None:
-        self.forecaster = ScalerForecaster(1, self.horizon, self.period)
+    def _reset(self, origin: int) -> None:
+        self.forecaster = ScalerForecaster(1, self.horizon, self.period, origin=origin)
         self.bin: int | None = None
         self.total = 0.0
         self.count = 0
@@ -56,9 +78,17 @@ class NeedForecast:
 
     def observe(self, at: float, need: float | None) -> Outlook | None:
         """Add the need decided at `at` (None when there was no fresh signal)."""
-        index = math.floor(at / self.step_s)
+        self.advance(bin_index(at, self.step_s))
+        if need is not None and math.isfinite(need):
+            self.total += need
+            self.count += 1
+        return self.outlook
+
+    def advance(self, index: int) -> None:
+        """Move to bin `index`: close the bins before it (a bin with no need is missing, NaN)
+        and forecast from there. A gap over MAX_GAP_BINS restarts the series at `index`."""
         if self.bin is None or index - self.bin > MAX_GAP_BINS:
-            self._reset()
+            self._reset(index)
             self.bin = index
         closed = False
         while index > self.bin:
@@ -67,9 +97,6 @@ class NeedForecast:
             self.bin += 1
             self.total, self.count = 0.0, 0
             closed = True
-        if need is not None and math.isfinite(need):
-            self.total += need
-            self.count += 1
         if closed:
             result = self.forecaster.predict(self.horizon)
             self.outlook = Outlook(
@@ -79,4 +106,3 @@ class NeedForecast:
                 horizon_s=self.horizon_s,
                 made_at=self.bin * self.step_s,
             )
-        return self.outlook

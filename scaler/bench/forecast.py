@@ -34,9 +34,11 @@ Method (``scaler bench forecast --trace FILE``):
   generous to statsforecast: a refit runs only every ``refit_every`` origins and the origins in
   between only re-apply the fitted parameters (``forward``), where the scaler learns at every
   update. For the ``scaler`` the text output adds two notes: its CPU per update + predict with one
-  series per forecaster (as the engine runs it, one per workload), and per series when
-  :data:`BATCH_SERIES` series (the trace scaled by 0.5-2x) share one forecaster, timed over the
-  last :data:`BATCH_UPDATES` bins (the vectorised path).
+  series per forecaster (a workload's own, as in its warm-start replay; the ``cpu ms/update``
+  column), and per workload as the engine runs it: :data:`BATCH_SERIES` workloads (the trace
+  scaled by 0.5-2x) each observing its value once per bin through one
+  :class:`scaler.forecast_bank.ForecastBank`, whose first observation of a bin closes the last one
+  for all rows (one update + predict), timed over the last :data:`BATCH_UPDATES` bins.
 * **Models.** ``scaler``: :class:`scaler.forecast.ScalerForecaster` with ``period`` = one season
   when the trace is long enough, built for the horizon it is scored at (it selects its model by the
   pinball loss at that step, as it would be deployed), so one instance per horizon. ``naive``: last
@@ -504,16 +506,18 @@ def evaluate(
             f"{_horizon_label(h * bin_s)} {cpu_by_run[id(model)] * 1000:.3g} ms"
             for model, h in scaler_runs
         )
-        batched = ", ".join(
-            f"{_horizon_label(h * bin_s)} {_batched_cpu(model, series, h) * 1e6:.3g} us"
+        banked = ", ".join(
+            f"{_horizon_label(h * bin_s)} {_bank_cpu(model, series, bin_s) * 1e6:.3g} us"
             for model, h in scaler_runs
         )
         notes.append(
-            f"scaler CPU per update + predict, one series per forecaster (as deployed): {single}"
+            f"scaler CPU per update + predict, one series per forecaster (a workload on its "
+            f"own): {single}"
         )
         notes.append(
-            f"scaler CPU per series and update + predict, {BATCH_SERIES} series in one "
-            f"forecaster ({BATCH_UPDATES} timed updates): {batched}"
+            f"scaler CPU per workload and update + predict as the engine runs it, "
+            f"{BATCH_SERIES} workloads in one ForecastBank ({BATCH_UPDATES} timed bins): "
+            f"{banked}"
         )
     names = list(dict.fromkeys(model.name for model, _ in runs))
     order = {name: i for i, name in enumerate(names)}
@@ -574,23 +578,31 @@ def _walk(
     return points, uppers, cpu
 
 
-def _batched_cpu(model: _Scaler, series: FloatArray, h: int) -> float:
-    """CPU per series of one update + predict when :data:`BATCH_SERIES` series share one
-    forecaster: the trace scaled by a factor per series (0.5-2), the last
-    :data:`BATCH_UPDATES` bins timed after the ones before them (at most 3x as many) untimed."""
+def _bank_cpu(model: _Scaler, series: FloatArray, bin_s: float) -> float:
+    """CPU per workload of one bin through the engine's path: :data:`BATCH_SERIES` rows of one
+    :class:`scaler.forecast_bank.ForecastBank` (the trace scaled by a factor per row, 0.5-2), each
+    observing its value once per bin, mid-bin; the first observation of a bin closes the previous
+    one for every row (one update + predict) and each row's outlook is read. The last
+    :data:`BATCH_UPDATES` bins are timed after the ones before them (at most 3x as many)."""
+    from scaler.forecast_bank import ForecastBank  # lazily, as scaler.forecast in _build_runs
+
     forecaster = model.forecaster
-    cls = type(forecaster)
-    batch = cls(n_series=BATCH_SERIES, horizon=forecaster.horizon, period=forecaster.period)
-    factors = np.linspace(0.5, 2.0, BATCH_SERIES)[:, None]
+    bank = ForecastBank(bin_s, forecaster.horizon, forecaster.period)
+    rows = [bank.add(forecaster.horizon * bin_s) for _ in range(BATCH_SERIES)]
+    factors = np.linspace(0.5, 2.0, BATCH_SERIES)
     tail = series[-min(series.size, 4 * BATCH_UPDATES) :]
-    values = factors * tail[None, :]
     timed = min(BATCH_UPDATES, tail.size)
-    for column in values[:, : tail.size - timed].T:
-        batch.update(column)
+    values = (factors[:, None] * tail[None, :]).T.tolist()  # per bin, per row
+
+    def run(bins: range) -> None:
+        for k in bins:
+            at = (k + 0.5) * bin_s
+            for row, value in zip(rows, values[k], strict=True):
+                bank.observe(row, at, value)
+
+    run(range(tail.size - timed))
     start = time.process_time()
-    for column in values[:, tail.size - timed :].T:
-        batch.update(column)
-        batch.predict(h)
+    run(range(tail.size - timed, tail.size))  # each bin's first observation closes the last
     return (time.process_time() - start) / timed / BATCH_SERIES
 
 

@@ -20,7 +20,10 @@ Everything is vectorised across series: one update is a fixed number of numpy op
 arrays of shape (experts, N, ...), never a Python loop over series, so 1,000 workloads update in
 a few milliseconds (a few microseconds per series), and a missing value (NaN) only skips its
 series. A single series pays numpy's per-call overhead for the same operations (a few hundred
-microseconds per update on a small machine).
+microseconds per update on a small machine), so the engine puts every workload with the same bins
+on one forecaster, a row each (`scaler.forecast_bank`), using the row operations `add_rows`,
+`reset_rows` and `copy_rows` (`_rows`) and the bin clock's `origin`, none of which changes a
+forecast.
 """
 
 from scaler.forecast.intervals import ErrorQuantiles

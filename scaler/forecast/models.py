@@ -19,7 +19,7 @@ compiled version can replace them without touching the classes.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -35,6 +35,7 @@ from scaler.forecast._arrays import (
     check_unit,
     observe,
 )
+from scaler.forecast._rows import RowState
 
 __all__ = [
     "HoltDamped",
@@ -221,8 +222,16 @@ def holt_winters_forecast(
 # --- models -------------------------------------------------------------------------------------
 
 
-class _Base:
-    """Shared plumbing: input checks, warm start, the >= 0 clamp (demand is never negative)."""
+def _check_origin(origin: int) -> int:
+    """A bin index: any integer (the wall-clock bin of the first update, or 0)."""
+    if isinstance(origin, bool) or not isinstance(origin, int | np.integer):
+        raise ValueError(f"origin must be an integer bin index, got {origin!r}")
+    return int(origin)
+
+
+class _Base(RowState):
+    """Shared plumbing: input checks, warm start, the >= 0 clamp (demand is never negative), row
+    operations (`scaler.forecast._rows`)."""
 
     name: str = "model"
 
@@ -274,6 +283,7 @@ class Naive(_Base):
     """Last observed value: the baseline every other model must beat, and the most robust."""
 
     name = "naive"
+    _ROWS: ClassVar[dict[str, int]] = {"_last": 0, "_n_obs": 0}
 
     def _reset(self) -> None:
         self._last = np.zeros(self.n_series)
@@ -298,6 +308,7 @@ class MovingAverage(_Base):
     """
 
     name = "moving_average"
+    _ROWS: ClassVar[dict[str, int]] = {"_buf": 0, "_n_obs": 0}
 
     def __init__(self, n_series: int, window: int = 6) -> None:
         self.window = check_count(window, "window")
@@ -324,16 +335,22 @@ class SeasonalNaive(_Base):
     forecasts sensibly from the start; `ready` once a full period has passed since the series'
     first observation. A missing bin keeps the value from the period before. Memory:
     O(N * period).
+
+    `origin` is the index of the first bin it is updated with (default 0): the phase of bin t is
+    t mod period, so forecasters started at different bins of one grid agree on phases and can
+    exchange rows (`copy_rows`).
     """
 
     name = "seasonal_naive"
+    _ROWS: ClassVar[dict[str, int]] = {"_start": 0, "_buf": 0, "_seen": 0, "_last": 0}
 
-    def __init__(self, n_series: int, period: int) -> None:
+    def __init__(self, n_series: int, period: int, *, origin: int = 0) -> None:
         self.period = check_count(period, "period")
+        self.origin = _check_origin(origin)
         super().__init__(n_series)
 
     def _reset(self) -> None:
-        self._t = 0
+        self._t = self.origin
         self._start = np.full(self.n_series, -1, dtype=np.int64)  # bin of the first observation
         self._buf = np.zeros((self.n_series, self.period))
         self._seen = np.zeros((self.n_series, self.period), dtype=np.bool_)
@@ -370,6 +387,7 @@ class SimpleExponential(_Base):
     """
 
     name = "ses"
+    _ROWS: ClassVar[dict[str, int]] = {"_level": 0, "_n_obs": 0}
 
     def __init__(self, n_series: int, alpha: float = 0.3) -> None:
         self.alpha = check_unit(alpha, "alpha")
@@ -400,6 +418,7 @@ class HoltDamped(_Base):
     """
 
     name = "holt_damped"
+    _ROWS: ClassVar[dict[str, int]] = {"_level": 0, "_trend": 0, "_n_obs": 0}
 
     def __init__(
         self, n_series: int, alpha: float = 0.5, beta: float = 0.1, phi: float = 0.9
@@ -441,9 +460,19 @@ class SeasonalHolt(_Base):
     Defaults alpha=0.3, beta=0.05, gamma=0.2, phi=0.9: the level smooths more than HoltDamped's
     because the seasonal indices already explain the regular movement; the seasonal indices adapt
     over about five periods; the trend is damped as in HoltDamped. Memory: O(N * period).
+    `origin`: as in SeasonalNaive.
     """
 
     name = "seasonal_holt"
+    _ROWS: ClassVar[dict[str, int]] = {
+        "_start": 0,
+        "_last": 0,
+        "_hist": 0,
+        "_live": 0,
+        "_level": 0,
+        "_trend": 0,
+        "_season": 0,
+    }
 
     def __init__(
         self,
@@ -453,8 +482,11 @@ class SeasonalHolt(_Base):
         beta: float = 0.05,
         gamma: float = 0.2,
         phi: float = 0.9,
+        *,
+        origin: int = 0,
     ) -> None:
         self.period = check_count(period, "period")
+        self.origin = _check_origin(origin)
         self.alpha = check_unit(alpha, "alpha")
         self.beta = check_unit(beta, "beta", closed_low=True)
         self.gamma = check_unit(gamma, "gamma", closed_low=True)
@@ -463,7 +495,7 @@ class SeasonalHolt(_Base):
 
     def _reset(self) -> None:
         n, m = self.n_series, self.period
-        self._t = 0
+        self._t = self.origin
         self._start = np.full(n, -1, dtype=np.int64)  # bin of the first observation
         self._last = np.zeros(n)
         self._hist = np.full((n, 2, m), np.nan)  # the first two periods, for the initialisation

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -56,6 +56,7 @@ from scaler.forecast._arrays import (
     check_unit,
     observe,
 )
+from scaler.forecast._rows import RowState
 from scaler.forecast.models import (
     HoltDamped,
     Model,
@@ -102,7 +103,7 @@ def top_experts(loss: FloatArray, usable: BoolArray, top: int) -> tuple[IntArray
     return order, weight
 
 
-class ScalerForecaster:
+class ScalerForecaster(RowState):
     """Candidates Naive, MovingAverage (6 and 12 bins), SimpleExponential, HoltDamped, and with a
     `period` SeasonalNaive and SeasonalHolt, all updated with the same observations; two experts
     (raw and volatility-scaled bounds) per candidate; the mean of the `top` best experts, with a
@@ -114,9 +115,43 @@ class ScalerForecaster:
     (1.6) and learns at `z_rate` 0.01 per error; expert loss `halflife` 48 bins (recent enough to
     follow a change of regime, long enough that a few bursts do not decide); `top` 3 experts;
     `calibration_rate` 0.02. One configuration for every workload: nothing is tuned per series.
+
+    Rows are independent (every operation is elementwise or per series), so one forecaster can
+    carry many workloads: `add_rows`, `reset_rows` and `copy_rows` (`scaler.forecast._rows`)
+    manage them. `origin` is the index of the first bin it is updated with (default 0): ring
+    positions and seasonal phases follow the bin index, so forecasters started at different bins
+    of one grid hold a series' state identically and can exchange rows. It changes no forecast.
     """
 
     name = "scaler"
+    _ROWS: ClassVar[dict[str, int]] = {
+        "_pending": 1,
+        "_vol_issued": 0,
+        "_issued": 1,
+        "_point_issued": 0,
+        "_upper_issued": 0,
+        "_m": 1,
+        "_s": 1,
+        "_z": 1,
+        "_n": 1,
+        "_loss": 1,
+        "_n_scored": 1,
+        "_level": 0,
+        "_has_level": 0,
+        "_vol": 0,
+        "_has_vol": 0,
+        "_prev": 0,
+        "_has_prev": 0,
+        "_n_changes": 0,
+        "_scale": 0,
+        "_mae": 0,
+        "_n_calibrated": 0,
+        "_adjust": 0,
+        "_best": 0,
+        "_point": 0,
+        "_upper": 0,
+        "_lower": 0,
+    }
 
     def __init__(
         self,
@@ -132,8 +167,12 @@ class ScalerForecaster:
         top: int = 3,
         z_rate: float = 0.01,
         calibration_rate: float = 0.02,
+        origin: int = 0,
     ) -> None:
         self.n_series = check_count(n_series, "n_series")
+        if isinstance(origin, bool) or not isinstance(origin, int | np.integer):
+            raise ValueError(f"origin must be an integer bin index, got {origin!r}")
+        self.origin = int(origin)
         self.horizon = check_count(horizon, "horizon")
         self.period = None if period is None else check_count(period, "period")
         self.quantile = float(quantile)
@@ -169,14 +208,17 @@ class ScalerForecaster:
             HoltDamped(n),
         ]
         if self.period is not None:
-            models += [SeasonalNaive(n, self.period), SeasonalHolt(n, self.period)]
+            models += [
+                SeasonalNaive(n, self.period, origin=self.origin),
+                SeasonalHolt(n, self.period, origin=self.origin),
+            ]
         return models
 
     def _reset(self) -> None:
         self._models = self._candidates()
         c, n, h = len(self._models), self.n_series, self.horizon
         e = 2 * c
-        self._t = 0
+        self._t = self.origin
         # Time bookkeeping (rings indexed by issue bin mod horizon), not learnt state:
         self._pending = np.full((c, n, h, h), np.nan)  # candidates' points awaiting actuals
         self._vol_issued = np.full((n, h), np.nan)  # volatility each forecast was issued with
@@ -208,6 +250,33 @@ class ScalerForecaster:
         self._point = np.zeros((n, h))
         self._upper = np.zeros((n, h))
         self._lower = np.zeros((n, h))
+
+    def _row_models(self) -> list[RowState]:
+        models: list[RowState] = [m for m in self._models if isinstance(m, RowState)]
+        if len(models) != len(self._models):
+            raise TypeError("every candidate must support row operations")
+        return models
+
+    def _compatible(self, other: object) -> bool:
+        return (
+            isinstance(other, ScalerForecaster)
+            and super()._compatible(other)
+            and len(other._models) == len(self._models)
+            and all(
+                mine._compatible(theirs)
+                for mine, theirs in zip(self._row_models(), other._row_models(), strict=True)
+            )
+        )
+
+    def _extend(self, other: Self) -> None:
+        super()._extend(other)
+        for mine, theirs in zip(self._row_models(), other._row_models(), strict=True):
+            mine._extend(theirs)
+
+    def _assign(self, rows: IntArray, other: Self, other_rows: IntArray) -> None:
+        super()._assign(rows, other, other_rows)
+        for mine, theirs in zip(self._row_models(), other._row_models(), strict=True):
+            mine._assign(rows, theirs, other_rows)
 
     @property
     def candidates(self) -> tuple[str, ...]:
