@@ -125,15 +125,15 @@ class ScalerForecaster(RowState):
 
     name = "scaler"
     _ROWS: ClassVar[dict[str, int]] = {
-        "_pending": 1,
-        "_vol_issued": 0,
+        "_pending": 3,
+        "_vol_issued": 1,
         "_issued": 1,
         "_point_issued": 0,
         "_upper_issued": 0,
-        "_m": 1,
-        "_s": 1,
-        "_z": 1,
-        "_n": 1,
+        "_m": 2,
+        "_s": 2,
+        "_z": 2,
+        "_n": 2,
         "_loss": 1,
         "_n_scored": 1,
         "_level": 0,
@@ -194,6 +194,12 @@ class ScalerForecaster(RowState):
         self._fallback = z * _MAD_TO_SIGMA * np.sqrt(np.arange(1.0, self.horizon + 1.0))
         self._steps = np.arange(1, self.horizon + 1)
         self._decay = 1.0 - 0.5 ** (1.0 / self.halflife)
+        # z's step after a miss and after a hit, and their difference: a step is then
+        # down + miss * jump, exactly the same number when that sum rounds back to `up`.
+        self._z_up = self.quantile * self.z_rate
+        self._z_down = (self.quantile - 1.0) * self.z_rate
+        self._z_jump = self._z_up - self._z_down
+        self._z_exact = self._z_down + self._z_jump == self._z_up
         self._reset()
 
     def _candidates(self) -> list[Model]:
@@ -220,16 +226,18 @@ class ScalerForecaster(RowState):
         e = 2 * c
         self._t = self.origin
         # Time bookkeeping (rings indexed by issue bin mod horizon), not learnt state:
-        self._pending = np.full((c, n, h, h), np.nan)  # candidates' points awaiting actuals
-        self._vol_issued = np.full((n, h), np.nan)  # volatility each forecast was issued with
+        # Layouts put the series last, so a step's or an issue bin's values are contiguous.
+        self._pending = np.full((c, h, h, n), np.nan)  # candidates' points awaiting actuals
+        self._vol_issued = np.full((h, n), np.nan)  # volatility each forecast was issued with
         self._issued = np.full((e, n, self.eval_step), np.nan)  # experts' bounds at eval_step
         self._point_issued = np.full((n, h, h), np.nan)  # the combined point and bound
         self._upper_issued = np.full((n, h, h), np.nan)
-        # Per expert, series and step: error mean, mean absolute deviation, z, count.
-        self._m = np.zeros((e, n, h))
-        self._s = np.zeros((e, n, h))
-        self._z = np.full((e, n, h), self._z0)
-        self._n = np.zeros((e, n, h), dtype=np.int64)
+        # Per expert, step and series: error mean, mean absolute deviation, z, count (a float:
+        # exact to 2**53, and cheaper to mix with the others).
+        self._m = np.zeros((e, h, n))
+        self._s = np.zeros((e, h, n))
+        self._z = np.full((e, h, n), self._z0)
+        self._n = np.zeros((e, h, n))
         self._loss = np.zeros((e, n))
         self._n_scored = np.zeros((e, n), dtype=np.int64)
         # Per series: level and volatility (scaled experts), mean one-step change (fallback).
@@ -298,51 +306,84 @@ class ScalerForecaster(RowState):
         """The best-ranked expert's point model for each series right now (for logs, `explain`)."""
         names = self.candidates
         c = len(names)
-        return tuple(names[int(index) % c] for index in self._best)
+        return tuple([names[index] for index in (self._best % c).tolist()])
 
     def update(self, y: ArrayLike) -> None:
         values, ok = observe(y, self.n_series)
         t, h, q = self._t, self.horizon, self.quantile
+        n_series, c = self.n_series, len(self._models)
         slots = (t - self._steps) % h
-        column = values[:, None]
         present = ok[:, None]
+        # Elementwise arithmetic as in the textbook form, computed in place over all experts,
+        # steps and series at once; a masked update is computed everywhere and then undone where
+        # the mask is off (cheaper than np.where when the mask is mostly on), and a choice between
+        # two step sizes is a product with the 0/1 mask (exact: x * 1 = x, x * 0 + y = y).
 
         # 1. Errors of the forecasts made 1..h bins ago for this bin, per expert.
-        due = self._pending[:, :, slots, self._steps - 1]  # (C, N, h)
-        raw = column[None] - due
-        err = np.concatenate([raw, raw / self._vol_issued[None, :, slots]])
-        valid = present[None] & np.isfinite(err)
-        had = self._n > 0
-        self._n += valid
-        bound = self._m + self._z * self._s
-        step = np.where(err > bound, q, q - 1.0) * self.z_rate
-        self._z = np.where(valid & had, self._z + step, self._z)
-        rate = np.maximum(1.0 / np.maximum(self._n, 1), 1.0 / self.window)
-        mean = self._m + rate * (err - self._m)
-        deviation = self._s + rate * (np.abs(err - mean) - self._s)
-        self._m = np.where(valid, mean, self._m)
-        self._s = np.where(valid, deviation, self._s)
+        due = self._pending[:, slots, self._steps - 1]  # (C, h, N)
+        err = np.empty((2 * c, h, n_series))
+        np.subtract(values, due, out=err[:c])
+        np.divide(err[:c], self._vol_issued[slots], out=err[c:])
+        valid = np.isfinite(err)
+        valid &= ok
+        invalid = ~valid
+        partial = bool(invalid.any())
+        n = self._n
+        scored = n > 0
+        scored &= valid
+        n += valid
+        bound = np.multiply(self._z, self._s)
+        bound += self._m
+        miss = np.greater(err, bound)  # a bound issued without a valid error: step * 0 below
+        step = bound  # reused
+        if self._z_exact:
+            np.multiply(miss, self._z_jump, out=step)
+            step += self._z_down
+        else:
+            step[...] = np.where(miss, self._z_up, self._z_down)
+        step *= scored
+        self._z += step
+        if n.min() >= self.window:
+            rate: FloatArray | float = 1.0 / self.window
+        else:
+            rate = np.maximum(n, 1.0)
+            np.divide(1.0, rate, out=rate)
+            np.maximum(rate, 1.0 / self.window, out=rate)
+        mean = np.subtract(err, self._m)
+        mean *= rate
+        mean += self._m
+        deviation = np.subtract(err, mean)
+        np.abs(deviation, out=deviation)
+        deviation -= self._s
+        deviation *= rate
+        deviation += self._s
+        if partial:
+            np.copyto(mean, self._m, where=invalid)
+            np.copyto(deviation, self._s, where=invalid)
+        self._m = mean
+        self._s = deviation
 
         # 2. Score the experts' bounds issued eval_step bins ago.
         slot = t % self.eval_step
         issued = self._issued[:, :, slot]
-        scored = ok[None] & np.isfinite(issued)
-        self._n_scored += scored
+        hit_e = ok[None] & np.isfinite(issued)
+        self._n_scored += hit_e
         weight = np.maximum(1.0 / np.maximum(self._n_scored, 1), self._decay)
-        loss = pinball_loss(values[None], np.where(scored, issued, 0.0), q)
-        self._loss = np.where(scored, self._loss + weight * (loss - self._loss), self._loss)
+        loss = pinball_loss(values[None], np.where(hit_e, issued, 0.0), q)
+        self._loss = np.where(hit_e, self._loss + weight * (loss - self._loss), self._loss)
 
         # 3. Calibrate the combined bound on its own hits and misses.
+        column = values[:, None]
         point_due = self._point_issued[:, slots, self._steps - 1]
         upper_due = self._upper_issued[:, slots, self._steps - 1]
         hit = present & np.isfinite(point_due)
         self._n_calibrated += hit
-        rate = np.maximum(1.0 / np.maximum(self._n_calibrated, 1), 1.0 / _CALIBRATION_MEMORY)
-        mae = self._mae + rate * (np.abs(column - point_due) - self._mae)
+        rate_c = np.maximum(1.0 / np.maximum(self._n_calibrated, 1), 1.0 / _CALIBRATION_MEMORY)
+        mae = self._mae + rate_c * (np.abs(column - point_due) - self._mae)
         self._mae = np.where(hit, mae, self._mae)
-        miss = (column > upper_due) - (1.0 - q)
+        off = (column > upper_due) - (1.0 - q)
         self._adjust = np.where(
-            hit, self._adjust + self.calibration_rate * self._mae * miss, self._adjust
+            hit, self._adjust + self.calibration_rate * self._mae * off, self._adjust
         )
 
         # 4. Series statistics: fallback scale, level and volatility.
@@ -370,44 +411,70 @@ class ScalerForecaster(RowState):
         self._has_level |= ok
         vol = np.where(self._vol > 0.0, self._vol, 1.0)
 
-        # 5. New forecasts: every candidate, every expert's bound, the combination.
+        # 5. New forecasts: every candidate; every expert's bound at eval_step (to be scored);
+        # the combination of the best experts, whose bounds alone are needed at every step.
         given = np.where(ok, values, np.nan)
-        points = np.empty((len(self._models), self.n_series, h))
-        ready = np.empty((len(self._models), self.n_series), dtype=np.bool_)
-        for c, model in enumerate(self._models):
+        points = np.empty((c, h, n_series))
+        ready = np.empty((c, n_series), dtype=np.bool_)
+        for i, model in enumerate(self._models):
             model.update(given)
-            points[c] = model.predict(h)
-            ready[c] = model.ready
-        both = np.concatenate([points, points])
+            points[i] = model.predict(h).T
+            ready[i] = model.ready
         ready_e = np.concatenate([ready, ready])
-        trusted = self._n >= self.min_errors
-        fallback = self._scale[:, None] * self._fallback[None, :]
-        spread = self._z * self._s
-        c1 = (len(self._models), self.n_series, 1)
-        unit = np.concatenate([np.ones(c1), np.broadcast_to(vol[None, :, None], c1)])
-        upper_e = both + np.maximum(np.where(trusted, (self._m + spread) * unit, fallback), 0.0)
-        lower_e = both + np.minimum(np.where(trusted, (self._m - spread) * unit, -fallback), 0.0)
-        k = self.eval_step
-        self._issued[:, :, slot] = np.where(ready_e, upper_e[:, :, k - 1], np.nan)
+        fallback = self._fallback[:, None] * self._scale[None, :]  # (h, N)
+        k = self.eval_step - 1
+        m_k, s_k = self._m[:, k], self._s[:, k]
+        upper_k = np.multiply(self._z[:, k], s_k)
+        upper_k += m_k
+        upper_k[c:] *= vol
+        upper_k = np.where(self._n[:, k] >= self.min_errors, upper_k, fallback[k])
+        np.maximum(upper_k, 0.0, out=upper_k)
+        upper_k[:c] += points[:, k]
+        upper_k[c:] += points[:, k]
+        self._issued[:, :, slot] = np.where(ready_e, upper_k, np.nan)
 
         usable = ready_e & (self._n_scored >= self.min_errors)
         usable[0] = True  # Naive, raw bound: always
         order, pick = top_experts(self._loss, usable, self.top)
         pick /= pick.sum(axis=0)
-        index = order[:, :, None]
-        wide = pick[:, :, None]
-        point = (np.take_along_axis(both, index, axis=0) * wide).sum(axis=0)
-        upper = (np.take_along_axis(upper_e, index, axis=0) * wide).sum(axis=0)
-        lower = (np.take_along_axis(lower_e, index, axis=0) * wide).sum(axis=0)
+        wide = pick[:, None, :]
+        cells = h * n_series
+        base = np.arange(cells).reshape(h, n_series)
+        at = order[:, None, :] * cells + base  # (top, h, N) flat positions of the picks
+        point_at = (order % c)[:, None, :] * cells + base
+        chosen = points.take(point_at)
+        z_at, s_at, m_at = self._z.take(at), self._s.take(at), self._m.take(at)
+        trusted = self._n.take(at) >= self.min_errors
+        unit = np.where(order >= c, vol, 1.0)[:, None, :]
+        spread = np.multiply(z_at, s_at)
+        up = np.add(m_at, spread)
+        up *= unit
+        up = np.where(trusted, up, fallback)
+        np.maximum(up, 0.0, out=up)
+        up += chosen
+        down = np.subtract(m_at, spread)
+        down *= unit
+        down = np.where(trusted, down, -fallback)
+        np.minimum(down, 0.0, out=down)
+        down += chosen
+        chosen *= wide
+        up *= wide
+        down *= wide
+        point = chosen.sum(axis=0).T
+        upper = up.sum(axis=0).T
+        lower = down.sum(axis=0).T
         upper = np.maximum(upper + self._adjust, point)
 
         now = t % h
-        self._pending[:, :, now] = np.where(ready[:, :, None], points, np.nan)
-        self._vol_issued[:, now] = vol
+        pending = self._pending[:, now]
+        pending[...] = points
+        if not ready.all():
+            np.copyto(pending, np.nan, where=~ready[:, None, :])
+        self._vol_issued[now] = vol
         self._point_issued[:, now] = point
         self._upper_issued[:, now] = upper
         self._best = order[0]
-        self._point = point
+        self._point = np.ascontiguousarray(point)
         self._upper = upper
         self._lower = np.maximum(np.minimum(lower, point), 0.0)
         self._t += 1
@@ -450,10 +517,10 @@ class ScalerForecaster(RowState):
         out: State = {
             "loss": self._loss.T.copy(),
             "n_scored": self._n_scored.T.copy(),
-            "error_mean": np.moveaxis(self._m, 1, 0).copy(),
-            "error_deviation": np.moveaxis(self._s, 1, 0).copy(),
-            "z": np.moveaxis(self._z, 1, 0).copy(),
-            "n_errors": np.moveaxis(self._n, 1, 0).copy(),
+            "error_mean": self._m.transpose(2, 0, 1).copy(),
+            "error_deviation": self._s.transpose(2, 0, 1).copy(),
+            "z": self._z.transpose(2, 0, 1).copy(),
+            "n_errors": self._n.transpose(2, 0, 1).astype(np.int64),
             "level": self._level.copy(),
             "vol": self._vol.copy(),
             "scale": self._scale.copy(),
