@@ -329,8 +329,8 @@ class ScalerForecaster(RowState):
         invalid = ~valid
         partial = bool(invalid.any())
         n = self._n
-        scored = n > 0
-        scored &= valid
+        fewest = n.min()  # errors so far, before this one
+        scored = valid if fewest > 0 else valid & (n > 0)
         n += valid
         bound = np.multiply(self._z, self._s)
         bound += self._m
@@ -343,7 +343,7 @@ class ScalerForecaster(RowState):
             step[...] = np.where(miss, self._z_up, self._z_down)
         step *= scored
         self._z += step
-        if n.min() >= self.window:
+        if fewest >= self.window:
             rate: FloatArray | float = 1.0 / self.window
         else:
             rate = np.maximum(n, 1.0)
@@ -442,9 +442,9 @@ class ScalerForecaster(RowState):
         base = np.arange(cells).reshape(h, n_series)
         at = order[:, None, :] * cells + base  # (top, h, N) flat positions of the picks
         point_at = (order % c)[:, None, :] * cells + base
-        chosen = points.take(point_at)
-        z_at, s_at, m_at = self._z.take(at), self._s.take(at), self._m.take(at)
-        trusted = self._n.take(at) >= self.min_errors
+        chosen = points.reshape(-1)[point_at]
+        z_at, s_at, m_at = self._z.reshape(-1)[at], self._s.reshape(-1)[at], self._m.reshape(-1)[at]
+        trusted = self._n.reshape(-1)[at] >= self.min_errors
         unit = np.where(order >= c, vol, 1.0)[:, None, :]
         spread = np.multiply(z_at, s_at)
         up = np.add(m_at, spread)
