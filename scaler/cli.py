@@ -59,7 +59,14 @@ def _demo(args: argparse.Namespace) -> int:
     from scaler.demo import run_demo
 
     logs.setup("warning", "text")
-    return asyncio.run(run_demo(args.duration, args.poll_interval))
+    return run_demo(
+        trace=args.trace,
+        scale=args.scale,
+        cold_start_s=args.cold_start,
+        duration_s=args.duration,
+        plots=None if args.plots == "off" else args.plots,
+        progress=not args.no_progress,
+    )
 
 
 def _signals(args: argparse.Namespace) -> int:
@@ -228,6 +235,9 @@ def _bench_replay(args: argparse.Namespace) -> int:
             plots=args.plots,
             progress=not args.no_progress,
             metadata=metadata,
+            compress=args.compress,
+            full_stack=args.full_stack,
+            speedup=args.speedup,
         )
     )
 
@@ -270,13 +280,32 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("files", nargs="+", metavar="FILE")
     check.set_defaults(run=_check_config)
 
+    from scaler.demo import DEMO_COLD_START_S, DEMO_PLOTS, DEMO_SCALE, DEMO_TRACE
+
     demo = sub.add_parser(
-        "demo", help="serve on loopback and poll synthetic ScaledObjects like KEDA"
+        "demo",
+        help="replay a bundled real trace on a simulated GPU fleet under five autoscaling "
+        "policies and print the SLO / GPU-hours table (the README's figures)",
     )
-    demo.add_argument("--duration", type=float, default=60.0, help="seconds (default %(default)s)")
     demo.add_argument(
-        "--poll-interval", type=float, default=3.0, help="seconds (default %(default)s)"
+        "--trace", default=str(DEMO_TRACE), metavar="FILE", help="default: %(default)s"
     )
+    demo.add_argument("--scale", type=float, default=DEMO_SCALE, help="default %(default)s")
+    demo.add_argument(
+        "--cold-start",
+        type=float,
+        default=DEMO_COLD_START_S,
+        metavar="S",
+        help="default %(default)s",
+    )
+    demo.add_argument("--duration", type=float, metavar="S", help="only the first S seconds")
+    demo.add_argument(
+        "--plots",
+        default=DEMO_PLOTS,
+        metavar="DIR",
+        help="PNG plots, or 'off' (default %(default)s)",
+    )
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(run=_demo)
     sig = sub.add_parser(
         "signals", help="read a workload's signals once, as the server would, and print them"
@@ -374,7 +403,33 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--slo", type=float, default=2.0, help="queue wait / TTFT SLO, s (default %(default)s)"
     )
-    rp.add_argument("--duration", type=float, help="replay only the first S seconds")
+    rp.add_argument(
+        "--duration",
+        type=float,
+        help="replay only the first S seconds (after --compress; --full-stack: default 600)",
+    )
+    rp.add_argument(
+        "--compress",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="time-compress the trace F times at the same rate (rate files: each window lasts "
+        "1/F as long; default %(default)s)",
+    )
+    rp.add_argument(
+        "--full-stack",
+        action="store_true",
+        help="the scaler row through the real gRPC server (in-process, 127.0.0.1), its "
+        "direct scrape of the fleet's vLLM /metrics and a KEDA/HPA emulator over gRPC, in real "
+        "time at --speedup; next to the offline scaler and oracle on the same requests",
+    )
+    rp.add_argument(
+        "--speedup",
+        type=float,
+        default=5.0,
+        metavar="X",
+        help="--full-stack: trace seconds per wall second, 1 to 10 (default %(default)s)",
+    )
     rp.add_argument("--json", action="store_true", help="one JSON object")
     rp.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")

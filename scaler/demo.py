@@ -1,76 +1,78 @@
-"""`scaler demo`: the scaler on embedded defaults, polled like KEDA, printing what it decides.
+"""`scaler demo`: the main job on embedded defaults, the README's headline figures.
 
-An interim main job until the trace-driven simulator lands: it starts `scaler serve` in-process on
-a free loopback port, registers three synthetic ScaledObjects with different load shapes (compressed
-to a 60 s period so a short run shows ramp-up, stabilization and scale to zero), polls them the
-way KEDA does, and prints each poll's replica counts and the reason behind each.
+It replays a real production trace shipped in `bench/traces` (Azure LLM inference 2023,
+conversation service, one hour, CC BY 4.0) at 20 superimposed copies against the simulated
+vLLM fleet (`scaler.sim`), under the five policies of `scaler bench replay` (always-on, an HPA on
+GPU utilization, KEDA's Prometheus scaler on queue depth, this scaler through the same `decide()`
+that serves KEDA, and an oracle), prints the SLO / GPU-hours / cost table and writes the plots.
+Deterministic (seed 0); about half a minute on two cores. `scaler bench replay` takes any trace.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
+import importlib.util
+import sys
+from pathlib import Path
 
-from scaler.config_watch import ConfigStore
-from scaler.kedaclient import KedaLikeClient, scaled_object
-from scaler.server import ScalerServer
-
-DEMO_OBJECTS = {
-    "chat-wave": {"syntheticPattern": "wave", "syntheticPeakRps": "30"},
-    "batch-sine": {"syntheticPattern": "sine", "syntheticPeakRps": "12"},
-    "steady": {"syntheticPattern": "constant", "syntheticPeakRps": "6"},
-}
-COMMON = {
-    "scalerAddress": "127.0.0.1",
-    "backend": "synthetic",
-    "syntheticPeriodSeconds": "60",
-    "syntheticServiceSeconds": "2",
-    "targetConcurrency": "8",
-    "maxReplicas": "20",
-    "scaleDownStabilizationSeconds": "10",
-    "scaleToZeroIdleSeconds": "8",
-}
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_TRACE = ROOT / "bench/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
+DEMO_SCALE = 20.0
+DEMO_COLD_START_S = 180.0
+DEMO_PLOTS = "demo-output"
 
 
-async def run_demo(duration_s: float = 60.0, poll_s: float = 3.0) -> int:
-    from scaler.config import Config, ServerSettings
+def run_demo(
+    *,
+    trace: str | Path = DEMO_TRACE,
+    scale: float = DEMO_SCALE,
+    cold_start_s: float = DEMO_COLD_START_S,
+    duration_s: float | None = None,
+    plots: str | None = DEMO_PLOTS,
+    progress: bool = True,
+) -> int:
+    from scaler.sim.command import ReplayOptions, replay  # numpy and the simulator: only here
 
-    store = ConfigStore(Config(server=ServerSettings(evaluation_interval_s=1.0)))
-    server = ScalerServer(store, "127.0.0.1:0")
-    await server.start()
-    client = KedaLikeClient(f"127.0.0.1:{server.port}")
-    refs = {
-        name: scaled_object("demo", name, {**COMMON, **meta}) for name, meta in DEMO_OBJECTS.items()
-    }
-    replicas = dict.fromkeys(refs, 0)
+    trace = Path(trace)
+    if not trace.is_file():
+        print(
+            f"scaler demo: {trace} not found; the demo replays a trace bundled in bench/traces "
+            "(run it from a clone of the repository, or pass --trace FILE)",
+            file=sys.stderr,
+        )
+        return 2
+    if plots is not None and importlib.util.find_spec("matplotlib") is None:
+        print(
+            "scaler demo: no plots (matplotlib missing: pip install -e '.[sim]'; ./dev demo "
+            "installs it)",
+            file=sys.stderr,
+        )
+        plots = None
     print(
-        f"scaler serving on 127.0.0.1:{server.port}; polling {len(refs)} ScaledObjects "
-        f"every {poll_s:g}s for {duration_s:g}s (synthetic load, 60 s period)\n"
+        f"Replaying {trace.name} (Azure LLM inference trace 2023, CC BY 4.0; see "
+        f"bench/traces/README.md) x{scale:g} on a simulated Llama-3-8B / A100 fleet, cold start "
+        f"{cold_start_s:g} s, under five autoscaling policies.\n",
+        flush=True,
     )
-    print(f"{'t(s)':>5}  " + "  ".join(f"{n:>22}" for n in refs))
-    started = time.monotonic()
-    polls = 0
-    try:
-        while (elapsed := time.monotonic() - started) < duration_s and polls < 10_000:
-            polls += 1
-            cells = []
-            for name, ref in refs.items():
-                evaluation = await client.evaluate(ref)
-                replicas[name] = evaluation.replicas(replicas[name])
-                reason = next(
-                    (
-                        d.reason.value
-                        for d in server.engine.decisions()
-                        if d.workload.endswith(name)
-                    ),
-                    "?",
-                )
-                cells.append(f"{replicas[name]:>3} {reason:>18}")
-            print(f"{elapsed:5.0f}  " + "  ".join(cells), flush=True)
-            await asyncio.sleep(poll_s)
-    finally:
-        await client.close()
-        await server.stop()
-    print("\nEach cell: replicas KEDA + HPA would run, and the term that set the scaler's target.")
-    print("Point a real ScaledObject at `scaler serve`: see deploy/examples/.")
+    code = replay(
+        ReplayOptions(
+            trace=str(trace),
+            scale=scale,
+            cold_start_s=cold_start_s,
+            duration_s=duration_s,
+            plots=plots,
+            progress=progress,
+        )
+    )
+    if code != 0:
+        return code
+    print(
+        "\nSLO wait / SLO ttft: share of requests whose queue wait / time to first token is "
+        "within the SLO (dropped ones count as misses); p50/p99 in seconds; GPU-h and USD: what "
+        "the nodes cost, cold starts included; zero-h: hours at zero nodes; events: replica "
+        "changes; peak: most replicas.\n"
+        "The scaler row is this project's decision code (scaler.policy.decide) behind KEDA's "
+        "polling and the HPA's arithmetic. Same path through the real gRPC server: "
+        "`scaler bench replay --trace FILE --full-stack`. Other traces: `scaler bench replay "
+        "--trace FILE [--scale F] [--cold-start S]`; all of them: bench/run_replay_all.sh."
+    )
     return 0

@@ -1,4 +1,4 @@
-"""A small KEDA-like client for the quickstart and the tests.
+"""A small KEDA-like client for the full-stack replay (`scaler.sim.fullstack`) and the tests.
 
 It calls the scaler the way KEDA 2.20's scale loop does on every evaluation: GetMetricSpec, then
 GetMetrics with the metric name KEDA would use (its `sN-` HPA prefix stripped), then IsActive; and

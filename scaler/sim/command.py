@@ -2,11 +2,15 @@
 
 Why a module of its own: the CLI stays a thin parser, and tests call this with plain arguments.
 matplotlib and tqdm (the `sim` extra) are imported only when plots or a progress bar are asked for.
+With `full_stack` the scaler row goes through the real gRPC server in real time instead
+(`scaler.sim.fullstack`), on a short slice of the trace.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -15,9 +19,9 @@ from typing import Any
 
 from scaler.sim.profiles import DEFAULT_PROFILE, get_profile
 from scaler.sim.report import plot, table, to_json
-from scaler.sim.run import SimConfig, run_bench, total_steps
-from scaler.sim.workload import build_requests
-from scaler.traces import TraceError, load_trace
+from scaler.sim.run import BenchResult, SimConfig, run_bench, total_steps
+from scaler.sim.workload import Requests, build_requests
+from scaler.traces import Trace, TraceError, load_trace
 
 
 @dataclass(frozen=True)
@@ -29,10 +33,16 @@ class ReplayOptions:
     seed: int = 0
     slo_s: float = 2.0
     duration_s: float | None = None
+    compress: float = 1.0
     json: bool = False
     plots: str | None = None
     progress: bool = True
     metadata: Mapping[str, str] = field(default_factory=dict)
+    full_stack: bool = False
+    speedup: float = 5.0
+
+
+FULL_STACK_DURATION_S = 600.0  # trace seconds a full-stack replay takes by default
 
 
 def _progress_bar(total: int, enabled: bool) -> tuple[Callable[[int], None] | None, Any]:
@@ -51,13 +61,45 @@ def _progress_bar(total: int, enabled: bool) -> tuple[Callable[[int], None] | No
     return update, bar
 
 
+def first_windows(trace: Trace, duration_s: float | None, compress: float) -> Trace:
+    """A rate trace cut to the windows a replay of `duration_s` (after compression) reaches, so
+    a two-day slice of a 14-day file is not expanded into requests in full first."""
+    if trace.kind != "rates" or duration_s is None or trace.rates is None or not trace.window_s:
+        return trace
+    if not (math.isfinite(duration_s) and duration_s > 0 and compress > 0):
+        return trace  # build_requests names the problem
+    n = max(1, math.ceil(duration_s * compress / trace.window_s))
+    cv = trace.cv[:n] if trace.cv is not None else None
+    return dataclasses.replace(trace, rates=trace.rates[:n], cv=cv)
+
+
+def _full_stack(requests: Requests, config: SimConfig, options: ReplayOptions) -> BenchResult:
+    import asyncio
+
+    from scaler import logs
+    from scaler.sim.fullstack import announce, check_options, run_full_stack
+
+    check_options(requests, config, options.speedup)
+    logs.setup("error", "text")  # the server's own warnings (a pod out of endpoints) are noise
+    announce(requests, config, options.speedup)
+    run = asyncio.run(run_full_stack(requests, config, options.scale, options.speedup))
+    return run.bench
+
+
 def replay(options: ReplayOptions) -> int:
     """Run the bench and print it; 2 on bad input (the message names what is wrong)."""
     try:
         profile = get_profile(options.profile)
         trace = load_trace(options.trace)
+        duration = options.duration_s
+        if options.full_stack and duration is None:
+            duration = FULL_STACK_DURATION_S
         requests = build_requests(
-            trace, scale=options.scale, seed=options.seed, duration_s=options.duration_s
+            first_windows(trace, duration, options.compress),
+            scale=options.scale,
+            seed=options.seed,
+            duration_s=duration,
+            compress=options.compress,
         )
         config = SimConfig(
             profile,
@@ -69,23 +111,30 @@ def replay(options: ReplayOptions) -> int:
     except (TraceError, ValueError) as exc:
         print(f"scaler bench replay: {exc}", file=sys.stderr)
         return 2
-    update, bar = _progress_bar(total_steps(requests, config), options.progress)
     started = time.monotonic()
-    try:
-        result = run_bench(requests, config, options.scale, update)
-    except ValueError as exc:
-        print(f"scaler bench replay: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        if bar is not None:
-            bar.close()
+    if options.full_stack:
+        try:
+            result = _full_stack(requests, config, options)
+        except ValueError as exc:
+            print(f"scaler bench replay: {exc}", file=sys.stderr)
+            return 2
+    else:
+        update, bar = _progress_bar(total_steps(requests, config), options.progress)
+        try:
+            result = run_bench(requests, config, options.scale, update)
+        except ValueError as exc:
+            print(f"scaler bench replay: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            if bar is not None:
+                bar.close()
     elapsed = time.monotonic() - started
     written = plot(result, options.plots) if options.plots else []
     if options.json:
         print(json.dumps(to_json(result)))
     else:
         print(table(result))
-        print(f"simulated in {elapsed:.1f} s")
+        print(f"{'full-stack replay' if options.full_stack else 'simulated'} in {elapsed:.1f} s")
         for path in written:
             print(f"plot: {path}")
     return 0

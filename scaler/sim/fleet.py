@@ -157,6 +157,12 @@ class Fleet:
         size = max(int(pods.max()), int(self.r_pod.max()) if self.r_pod.size else 0) + 1
         return np.bincount(self.r_pod, minlength=size)[pods].astype(np.int64)
 
+    def kv_usage(self, pods: IntArray) -> FloatArray:
+        """KV-cache usage (0-1) of each of `pods` after the last step (vLLM's
+        kv_cache_usage_perc; growth past the cache would preempt, so it reads at most 1)."""
+        held = self._by_pod(self._kv_by_pod, np.asarray(pods, dtype=np.int64))
+        return np.minimum(1.0, held / self.svc.kv_capacity_tokens)
+
     def kill(self, pods: IntArray) -> None:
         """Pods removed while still serving (termination grace over): their requests drop."""
         if pods.size == 0 or self.r_id.size == 0:

@@ -17,6 +17,8 @@ import numpy as np
 
 from scaler.sim.run import BenchResult, PolicyRun
 
+FULL_STACK = "scaler-fullstack"  # scaler.sim.fullstack's row (named here: no import cycle)
+
 
 @dataclass(frozen=True)
 class Measures:
@@ -116,6 +118,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "policies": policies,
         "checks": checks(measures),
         "notes": result.notes,
+        **({"full_stack": result.full_stack} if result.full_stack is not None else {}),
     }
 
 
@@ -132,6 +135,13 @@ def table(result: BenchResult) -> str:
         f"replica slots {result.slots}, scaler targetConcurrency {result.target_concurrency:g}, "
         f"warm start {result.initial_replicas} replicas, always-on {result.always_on_replicas}\n"
     )
+    if result.full_stack is not None:
+        fs = result.full_stack
+        head += (
+            f"FULL-STACK run: {FULL_STACK} went through the real gRPC server (scraping the "
+            f"fleet's vLLM /metrics, KEDA/HPA emulator over gRPC) at speedup {fs['speedup']}; "
+            "scaler and oracle are the offline policies on the same requests\n"
+        )
     columns = (
         f"{'policy':<16}{'SLO wait':>9}{'SLO ttft':>9}{'p50 wait':>9}{'p99 wait':>9}"
         f"{'p99 ttft':>9}{'GPU-h':>8}{'USD':>8}{'zero-h':>7}{'dropped':>8}{'events':>7}"

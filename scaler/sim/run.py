@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from scaler.sim.cluster import Cluster, ClusterConfig
-from scaler.sim.fleet import Fleet
+from scaler.sim.fleet import Fleet, StepStats
 from scaler.sim.policies import (
     NAMES,
     AlwaysOn,
@@ -123,6 +123,108 @@ class BenchResult:
     initial_replicas: int
     dt: float
     notes: list[str] = field(default_factory=list)
+    max_replicas: int = 0
+    scaler_metadata: dict[str, str] = field(default_factory=dict)  # the scaler's trigger
+    full_stack: dict[str, object] | None = None  # what the full-stack replay measured
+
+
+class Simulation:
+    """One policy's run, step by step: `simulate` drives it in a plain loop; the full-stack
+    replay (`scaler.sim.fullstack`) awaits the real gRPC server between steps."""
+
+    def __init__(self, requests: Requests, cfg: SimConfig, initial_replicas: int) -> None:
+        dt = cfg.dt
+        self.requests = requests
+        self.cfg = cfg
+        self.dt = dt
+        self.trace_steps = math.ceil(requests.duration_s / dt)
+        self.pre_steps = math.ceil(min(cfg.warm_window_s, requests.duration_s) / dt)
+        self.pre_s = self.pre_steps * dt
+        self.replay = with_preroll(requests, self.pre_s)
+        self.n_pre = self.replay.count - requests.count
+        self.max_steps = self.pre_steps + self.trace_steps + math.ceil(cfg.drain_s / dt)
+        svc, node = cfg.profile.service, cfg.profile.node
+        self.fleet = Fleet(self.replay, svc, dt, self.max_steps, cfg.max_wait_s)
+        self.cluster = Cluster(
+            ClusterConfig(
+                node=node,
+                node_launch_s=cfg.node_launch_s,
+                model_load_s=cfg.model_load_s,
+                consolidate_after_s=cfg.consolidate_after_s,
+                termination_grace_s=cfg.termination_grace_s,
+            )
+        )
+        self.cluster.warm(initial_replicas, -self.pre_s)
+        self.series = np.zeros((4, self.max_steps), dtype=np.int64)
+        self.events = 0
+        self.k = 0  # the next step
+        self.done = False
+
+    def time(self, k: int) -> float:
+        """Trace time at the start of step k (negative during the pre-roll)."""
+        return (k - self.pre_steps) * self.dt
+
+    def advance(self) -> tuple[float, StepStats]:
+        """Run step k: the cluster, then the fleet. Returns the step's end time and stats."""
+        t = self.time(self.k)
+        cluster, fleet = self.cluster, self.fleet
+        draining = cluster.draining()
+        running = dict(
+            zip(draining.tolist(), fleet.running_per_pod(draining).tolist(), strict=True)
+        )
+        billed = self.pre_steps <= self.k < self.pre_steps + self.trace_steps
+        killed = cluster.tick(t, self.dt if billed else 0.0, running)
+        fleet.kill(killed)
+        return t + self.dt, fleet.step(t, cluster.serving())
+
+    def apply(self, at: float, wanted: int | None, stats: StepStats) -> None:
+        """The policy's answer after step k (at its end, `at`); then the next step."""
+        cluster, k = self.cluster, self.k
+        if wanted is not None and wanted != cluster.replicas:
+            cluster.scale_to(at, wanted)
+            self.events += 1
+        self.series[:, k] = (cluster.replicas, cluster.ready, cluster.live_nodes, stats.waiting)
+        self.k = k + 1
+        fleet = self.fleet
+        self.done = self.k >= self.max_steps or (
+            k >= self.pre_steps + self.trace_steps
+            and fleet.head >= self.replay.count
+            and fleet.running == 0
+        )
+
+    def result(self, name: str) -> PolicyRun:
+        """The run's outcome; whatever is still queued or running counts as dropped."""
+        fleet, cfg = self.fleet, self.cfg
+        unfinished = ~np.isfinite(fleet.finish_t) & ~fleet.dropped
+        fleet.dropped[unfinished] = True
+        fleet.admit_t[fleet.dropped] = np.nan
+        fleet.first_token_t[fleet.dropped] = np.nan
+        fleet.finish_t[fleet.dropped] = np.nan
+        completed = int(np.isfinite(fleet.finish_t).sum())
+        if completed + int(fleet.dropped.sum()) != self.replay.count:
+            raise SimulationError(
+                f"{name}: {completed} completed + {int(fleet.dropped.sum())} dropped != "
+                f"{self.replay.count} requests"
+            )
+        measured = slice(self.n_pre, None)
+        kept = slice(self.pre_steps, max(self.k, self.pre_steps))
+        return PolicyRun(
+            name=name,
+            arrivals_s=self.requests.arrivals_s,
+            admit_t=fleet.admit_t[measured],
+            first_token_t=fleet.first_token_t[measured],
+            finish_t=fleet.finish_t[measured],
+            dropped=fleet.dropped[measured],
+            gpu_seconds=self.cluster.gpu_seconds,
+            zero_node_seconds=self.cluster.zero_node_seconds,
+            scale_events=self.events,
+            replicas=self.series[0, kept],
+            ready=self.series[1, kept],
+            nodes=self.series[2, kept],
+            waiting=self.series[3, kept],
+            gpus_per_node=cfg.profile.node.gpus,
+            usd_per_node_hour=cfg.profile.node.on_demand_usd_per_hour,
+        )
 
 
 def simulate(
@@ -133,83 +235,19 @@ def simulate(
     progress: Progress | None = None,
 ) -> PolicyRun:
     """Run one policy over the whole trace (plus the drain) from a warm fleet."""
-    dt = cfg.dt
-    trace_steps = math.ceil(requests.duration_s / dt)
-    pre_steps = math.ceil(min(cfg.warm_window_s, requests.duration_s) / dt)
-    pre_s = pre_steps * dt
-    replay = with_preroll(requests, pre_s)
-    n_pre = replay.count - requests.count
-    max_steps = pre_steps + trace_steps + math.ceil(cfg.drain_s / dt)
-    svc, node = cfg.profile.service, cfg.profile.node
-    fleet = Fleet(replay, svc, dt, max_steps, cfg.max_wait_s)
-    cluster = Cluster(
-        ClusterConfig(
-            node=node,
-            node_launch_s=cfg.node_launch_s,
-            model_load_s=cfg.model_load_s,
-            consolidate_after_s=cfg.consolidate_after_s,
-            termination_grace_s=cfg.termination_grace_s,
-        )
-    )
-    cluster.warm(initial_replicas, -pre_s)
-    series = np.zeros((4, max_steps), dtype=np.int64)
-    events = 0
-    steps = 0
+    sim = Simulation(requests, cfg, initial_replicas)
     reported = 0
-    for k in range(max_steps):
-        t = (k - pre_steps) * dt
-        draining = cluster.draining()
-        running = dict(
-            zip(draining.tolist(), fleet.running_per_pod(draining).tolist(), strict=True)
-        )
-        billed = pre_steps <= k < pre_steps + trace_steps
-        killed = cluster.tick(t, dt if billed else 0.0, running)
-        fleet.kill(killed)
-        stats = fleet.step(t, cluster.serving())
-        wanted = policy.act(t + dt, fleet, cluster, stats)
-        if wanted is not None and wanted != cluster.replicas:
-            cluster.scale_to(t + dt, wanted)
-            events += 1
-        series[:, k] = (cluster.replicas, cluster.ready, cluster.live_nodes, stats.waiting)
-        steps = k + 1
-        if progress is not None and steps - reported >= 100:
-            progress(steps - reported)
-            reported = steps
-        if k >= pre_steps + trace_steps and fleet.head >= replay.count and fleet.running == 0:
+    for _ in range(sim.max_steps):
+        at, stats = sim.advance()
+        sim.apply(at, policy.act(at, sim.fleet, sim.cluster, stats), stats)
+        if progress is not None and sim.k - reported >= 100:
+            progress(sim.k - reported)
+            reported = sim.k
+        if sim.done:
             break
     if progress is not None:
-        progress(max_steps - reported)  # the bar's full share
-    # Whatever is still queued or running when the drain ends counts as dropped.
-    unfinished = ~np.isfinite(fleet.finish_t) & ~fleet.dropped
-    fleet.dropped[unfinished] = True
-    fleet.admit_t[fleet.dropped] = np.nan
-    fleet.first_token_t[fleet.dropped] = np.nan
-    fleet.finish_t[fleet.dropped] = np.nan
-    completed = int(np.isfinite(fleet.finish_t).sum())
-    if completed + int(fleet.dropped.sum()) != replay.count:
-        raise SimulationError(
-            f"{policy.name}: {completed} completed + {int(fleet.dropped.sum())} dropped != "
-            f"{replay.count} requests"
-        )
-    measured = slice(n_pre, None)
-    kept = slice(pre_steps, max(steps, pre_steps))
-    return PolicyRun(
-        name=policy.name,
-        arrivals_s=requests.arrivals_s,
-        admit_t=fleet.admit_t[measured],
-        first_token_t=fleet.first_token_t[measured],
-        finish_t=fleet.finish_t[measured],
-        dropped=fleet.dropped[measured],
-        gpu_seconds=cluster.gpu_seconds,
-        zero_node_seconds=cluster.zero_node_seconds,
-        scale_events=events,
-        replicas=series[0, kept],
-        ready=series[1, kept],
-        nodes=series[2, kept],
-        waiting=series[3, kept],
-        gpus_per_node=node.gpus,
-        usd_per_node_hour=node.on_demand_usd_per_hour,
-    )
+        progress(sim.max_steps - reported)  # the bar's full share
+    return sim.result(policy.name)
 
 
 def with_preroll(requests: Requests, pre_s: float) -> Requests:
@@ -295,6 +333,8 @@ def run_bench(
         initial_replicas=initial,
         dt=dt,
         notes=notes,
+        max_replicas=max_replicas,
+        scaler_metadata=metadata,
     )
 
 

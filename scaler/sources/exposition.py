@@ -28,9 +28,29 @@ class Scrape:
 
     samples: dict[SeriesKey, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    # name -> its series, built on first use: a window evaluates each expression over every
+    # scrape it keeps, and a pod exposes hundreds of series of which an expression reads a few.
+    _index: tuple[int, dict[str, list[tuple[LabelSet, float]]]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def series(self, name: str) -> list[tuple[LabelSet, float]]:
+        """The (labels, value) of every series named `name`."""
+        return self._by_name().get(name, [])
+
+    def _by_name(self) -> dict[str, list[tuple[LabelSet, float]]]:
+        if self._index is None or self._index[0] != len(self.samples):
+            index: dict[str, list[tuple[LabelSet, float]]] = {}
+            for (name, labels), value in self.samples.items():
+                index.setdefault(name, []).append((labels, value))
+            self._index = (len(self.samples), index)
+        return self._index[1]
 
     def names(self) -> set[str]:
-        return {name for name, _ in self.samples}
+        return set(self._by_name())
+
+    def has(self, name: str) -> bool:
+        return name in self._by_name()
 
 
 def _collect(text: str, scrape: Scrape, dropped: Counter[str]) -> None:

@@ -24,7 +24,7 @@ from scaler.sources.catalog import (
     Rate,
     Ratio,
 )
-from scaler.sources.exposition import Scrape, matches
+from scaler.sources.exposition import LabelSet, Scrape, matches
 
 Result = tuple[float | None, str | None]  # (value, why it is missing)
 
@@ -92,17 +92,15 @@ class _Eval:
     def _name(self, names: tuple[str, ...]) -> str | None:
         """The first alternate any pod reports."""
         for name in names:
-            if any(name in history[-1][1].names() for history in self.targets.values()):
+            if any(history[-1][1].has(name) for history in self.targets.values()):
                 return name
         return None
 
     def _values(self, scrape: Scrape, name: str, extra: tuple[Matcher, ...] = ()) -> list[float]:
         return [
             value
-            for (sample, labels), value in scrape.samples.items()
-            if sample == name
-            and matches(labels, self.matchers, only_present=True)
-            and matches(labels, extra)
+            for labels, value in scrape.series(name)
+            if matches(labels, self.matchers, only_present=True) and matches(labels, extra)
         ]
 
     def run(self, expr: Expr) -> Result:
@@ -160,30 +158,36 @@ class _Eval:
 
     def _increase(
         self, name: str, extra: tuple[Matcher, ...] = ()
-    ) -> tuple[dict[tuple[str, ...], float], float]:
-        """Per-series increase over each pod's window (resets handled), and the longest span."""
-        increases: dict[tuple[str, ...], float] = {}
+    ) -> tuple[dict[tuple[str, LabelSet], float], float]:
+        """Per-series increase over each pod's window (resets handled), and the longest span.
+        A series is its pod and its label set; whether a label set matches is decided once."""
+        increases: dict[tuple[str, LabelSet], float] = {}
+        selected: dict[LabelSet, bool] = {}
         span = 0.0
         for target, history in self.targets.items():
             if len(history) < 2:
                 continue
             span = max(span, history[-1][0] - history[0][0])
-            previous: dict[tuple[str, ...], float] = {}
+            previous: dict[LabelSet, float] = {}
             for _, scrape in history:
-                for (sample, labels), value in scrape.samples.items():
-                    if sample != name or not matches(labels, self.matchers, only_present=True):
+                for labels, value in scrape.series(name):
+                    keep = selected.get(labels)
+                    if keep is None:
+                        keep = matches(labels, self.matchers, only_present=True) and matches(
+                            labels, extra
+                        )
+                        selected[labels] = keep
+                    if not keep:
                         continue
-                    if not matches(labels, extra):
-                        continue
-                    key = (target, *sorted(f"{k}={v}" for k, v in labels))
-                    if key in previous:
-                        before = previous[key]
+                    key = (target, labels)
+                    before = previous.get(labels)
+                    if before is not None:
                         increases[key] = increases.get(key, 0.0) + (
                             value - before if value >= before else value
                         )
                     else:
                         increases.setdefault(key, 0.0)
-                    previous[key] = value
+                    previous[labels] = value
         return increases, span
 
     def _rate(self, rate: Rate) -> Result:
@@ -221,8 +225,8 @@ class _Eval:
         if span <= 0:
             return None, f"{base}: a quantile needs two scrapes within the window"
         buckets: dict[float, float] = {}
-        for key, increase in increases.items():
-            le = next((part[3:] for part in key[1:] if part.startswith("le=")), None)
+        for (_, labels), increase in increases.items():
+            le = dict(labels).get("le")
             if le is None:
                 continue
             try:
