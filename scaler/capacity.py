@@ -9,6 +9,10 @@ Four terms, each in replica units; the need is the largest, and the decision nam
 - queue_slo: (arrival_rate + waiting / queueTimeSloSeconds) x S / targetConcurrency, only while
   the measured queue time (p99 if known, else the mean) exceeds `queueTimeSloSeconds`: the
   replicas that serve arrivals and also drain today's queue within the SLO.
+- tokens: prompt_tokens_rate / prefillTokensPerSecond + generation_tokens_rate /
+  decodeTokensPerSecond: the GPU time the token rates take, in replicas. Prefill-heavy traffic
+  (long prompts, short answers) saturates a replica's compute while few requests hold slots, so
+  neither concurrency nor Little's law sees it. Only with a capacity configured (a load test).
 - kv_cache: ready_pods x kv_cache_usage / kvCacheTarget, only while usage exceeds the target:
   memory-bound pods preempt before their concurrency target is reached.
 
@@ -47,6 +51,8 @@ class CapacitySpec:
     service_time_s: float | None = None
     queue_time_slo_s: float | None = None
     kv_cache_target: float | None = None
+    prefill_tokens_per_s: float | None = None  # per replica at its target load
+    decode_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ class Fleet:
 @dataclass(frozen=True)
 class Need:
     replicas: float  # fractional replicas needed now
-    term: str  # "concurrency" | "queue" | "littles_law" | "queue_slo" | "kv_cache"
+    term: str  # "concurrency" | "queue" | "littles_law" | "queue_slo" | "tokens" | "kv_cache"
     terms: dict[str, float]  # every term that could be computed
     # The need without what drains a backlog (the queue term's flow part only): what the
     # stabilization window remembers, so the replicas a drain keeps busy are not held for a
@@ -177,6 +183,16 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
             window = max(window, fleet.horizon_s)
         drain = (signal.arrival_rate or 0.0) + queued / window
         terms["queue_slo"] = drain * s / per_replica
+    gpu_time = [
+        rate / per_s
+        for rate, per_s in (
+            (signal.prompt_tokens_rate, spec.prefill_tokens_per_s),
+            (signal.generation_tokens_rate, spec.decode_tokens_per_s),
+        )
+        if rate is not None and per_s is not None
+    ]
+    if gpu_time:
+        terms["tokens"] = sum(gpu_time)
     if (
         spec.kv_cache_target is not None
         and signal.kv_cache_usage is not None

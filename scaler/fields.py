@@ -409,6 +409,8 @@ FIELDS: tuple[Field, ...] = (
             ("kv_cache_usage", "kvCacheQuery"),
             ("ready_pods", "readyPodsQuery"),
             ("service_time_s", "serviceTimeQuery"),
+            ("prompt_tokens_rate", "promptTokensRateQuery"),
+            ("generation_tokens_rate", "generationTokensRateQuery"),
         )
     ),
     # Synthetic generator (backend: synthetic).
@@ -472,6 +474,26 @@ FIELDS: tuple[Field, ...] = (
         "a number of seconds > 0 and <= 3600",
         "Queue-time objective. While the measured queue time (p99, else mean) exceeds it, the "
         "need is at least what serves arrivals and drains the queue within it. Unset: off.",
+    ),
+    Field(
+        "prefillTokensPerSecond",
+        Scope.TUNING,
+        real(0, 1e9, lo_open=True),
+        None,
+        "a number of tokens per second > 0",
+        "Prompt tokens one replica prefills per second at its target load (from a load test). "
+        "With it (and/or decodeTokensPerSecond) the need is at least the GPU time the token "
+        "rates take: prefill-heavy traffic saturates a replica long before its slots fill. "
+        "Unset: off.",
+    ),
+    Field(
+        "decodeTokensPerSecond",
+        Scope.TUNING,
+        real(0, 1e9, lo_open=True),
+        None,
+        "a number of tokens per second > 0",
+        "Tokens one replica generates per second at its target load (targetConcurrency / the "
+        "decode iteration time). See prefillTokensPerSecond. Unset: off.",
     ),
     Field(
         "kvCacheTarget",

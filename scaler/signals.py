@@ -24,6 +24,8 @@ class Signal:
     kv_cache_usage: float | None = None  # 0-1
     ready_pods: int | None = None
     service_time_s: float | None = None  # mean time a request holds a slot (not queued)
+    prompt_tokens_rate: float | None = None  # prompt tokens prefilled per second
+    generation_tokens_rate: float | None = None  # tokens generated per second
     age_s: float | None = None  # age of the newest underlying sample when read
     reasons: tuple[str, ...] = field(default=())  # why any field above is missing
 
@@ -65,6 +67,8 @@ class Signal:
             kv_cache_usage=values.get("kv_cache_usage"),
             ready_pods=int(ready) if ready is not None else None,
             service_time_s=values.get("service_time_s"),
+            prompt_tokens_rate=values.get("prompt_tokens_rate"),
+            generation_tokens_rate=values.get("generation_tokens_rate"),
             age_s=age_s,
             reasons=reasons,
         )

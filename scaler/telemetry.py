@@ -50,6 +50,11 @@ SIGNAL_METRICS = {
     "kv_cache_usage": ("signal_kv_cache_usage_ratio", "KV-cache usage of the fullest pod, 0-1"),
     "ready_pods": ("signal_ready_pods", "Serving pods that reported"),
     "service_time_s": ("signal_service_time_seconds", "Mean time a request holds a slot"),
+    "prompt_tokens_rate": ("signal_prompt_tokens_per_second", "Prompt tokens prefilled per second"),
+    "generation_tokens_rate": (
+        "signal_generation_tokens_per_second",
+        "Tokens generated per second",
+    ),
     "age_s": ("signal_age_seconds", "Age of the newest sample when read"),
 }
 

@@ -102,6 +102,8 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
             service_time_s=merged["serviceTimeSeconds"],
             queue_time_slo_s=merged["queueTimeSloSeconds"],
             kv_cache_target=merged["kvCacheTarget"],
+            prefill_tokens_per_s=merged["prefillTokensPerSecond"],
+            decode_tokens_per_s=merged["decodeTokensPerSecond"],
         ),
         min_replicas=merged["minReplicas"],
         max_replicas=merged["maxReplicas"],

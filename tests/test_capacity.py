@@ -130,3 +130,27 @@ def test_a_service_time_under_load_is_configured_reported_or_measured_unqueued()
     assert loaded_service_time(reported, spec) == 3.0
     configured = CapacitySpec(target_concurrency=8, service_time_s=1.5)
     assert loaded_service_time(reported, configured) == 1.5
+
+
+def test_tokens_term_is_the_gpu_time_the_token_rates_take():
+    # Long prompts, short answers: 12 req/s x 1,500 prompt tokens = 18,000 tokens/s against
+    # 10,000 per replica = 1.8 replicas of prefill, + 12 x 13 = 156 generated tokens/s against
+    # 2,000 per replica; while only ~3 requests hold slots (S = 0.25 s).
+    spec = CapacitySpec(
+        target_concurrency=8, prefill_tokens_per_s=10_000, decode_tokens_per_s=2_000
+    )
+    prefill_bound = signal(
+        running=3,
+        waiting=0,
+        arrival_rate=12.0,
+        prompt_tokens_rate=18_000.0,
+        generation_tokens_rate=156.0,
+    )
+    found = need(prefill_bound, spec)
+    assert found is not None and found.term == "tokens"
+    assert found.replicas == pytest.approx(1.8 + 0.078)
+    assert found.terms["concurrency"] == pytest.approx(3 / 8)
+    # Without a configured capacity, or without the rates, there is no such term.
+    assert "tokens" not in need(prefill_bound, CapacitySpec(target_concurrency=8)).terms  # type: ignore[union-attr]
+    only_decode = need(signal(running=3, waiting=0, generation_tokens_rate=4_000.0), spec)
+    assert only_decode is not None and only_decode.terms["tokens"] == pytest.approx(2.0)

@@ -279,6 +279,8 @@ GOOD = {
     "kv_cache_usage": 0.75,
     "ready_pods": 2.0,
     "service_time_s": 1.75,
+    "prompt_tokens_rate": 900.0,
+    "generation_tokens_rate": 240.0,
 }
 
 

@@ -131,10 +131,16 @@ class Fleet:
         self.h_running = np.zeros(n_steps + 1, dtype=np.int64)
         self.h_done = np.zeros(n_steps + 1, dtype=np.int64)  # cumulative completions
         self.h_infer = np.zeros(n_steps + 1)  # cumulative seconds completed requests ran
+        # Cumulative prompt and generated tokens (counted at completion; over a rate window the
+        # rate is the same as vLLM's per-iteration counting, shifted by a service time).
+        self.h_prompt = np.zeros(n_steps + 1)
+        self.h_generated = np.zeros(n_steps + 1)
         self.h_head = np.zeros(n_steps + 1, dtype=np.int64)  # cumulative admitted (FIFO index)
         self.h_ttft = np.zeros((n_steps + 1, TTFT_BUCKETS.size + 1), dtype=np.int64)
         self.completed = 0
         self.infer_s = 0.0
+        self.prompt_tokens = 0.0
+        self.generated_tokens = 0.0
         self.kv_max: float | None = None
         self.serving_count = 0
         self._kv_by_pod = np.zeros(0)  # KV tokens per pod id after the last step
@@ -271,6 +277,8 @@ class Fleet:
         self.h_running[k] = self.running
         self.h_done[k] = self.completed
         self.h_infer[k] = self.infer_s
+        self.h_prompt[k] = self.prompt_tokens
+        self.h_generated[k] = self.generated_tokens
         self.h_head[k] = self.head
         if k > 0:
             self.h_ttft[k] += self.h_ttft[k - 1]
@@ -354,6 +362,8 @@ class Fleet:
         self.finish_t[done_ids] = finish_at[finishes]
         self.completed += int(done_ids.size)
         self.infer_s += float(np.sum(self.finish_t[done_ids] - self.admit_t[done_ids]))
+        self.prompt_tokens += float(np.sum(self.req.input_tokens[done_ids]))
+        self.generated_tokens += float(np.sum(self.req.output_tokens[done_ids]))
         self.r_start = np.zeros(self.r_start.size)  # carried requests start at the next step
         self._keep(~finishes)
         has = np.bincount(local, minlength=n_pods) > 0
@@ -389,6 +399,11 @@ class Fleet:
                 + (self.h_running[k] - before[2])
             )
             values["arrival_rate"] = max(0.0, float(growth) / window)
+            # vLLM: rate(prompt_tokens_total), rate(generation_tokens_total)
+            values["prompt_tokens_rate"] = float(self.h_prompt[k] - self.h_prompt[k0]) / window
+            values["generation_tokens_rate"] = (
+                float(self.h_generated[k] - self.h_generated[k0]) / window
+            )
         done = int(self.h_done[k] - before[0])
         if done > 0:  # vLLM: rate(request_inference_time_seconds_sum) / rate(..._count)
             ran = self.h_infer[k] - (self.h_infer[k0] if k0 >= 0 else 0.0)

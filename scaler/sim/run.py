@@ -42,7 +42,7 @@ from scaler.sim.policies import (
     replica_slots,
     scaler_metadata,
 )
-from scaler.sim.profiles import Profile
+from scaler.sim.profiles import Profile, ServiceProfile
 from scaler.sim.workload import Requests
 
 FloatArray = NDArray[np.float64]
@@ -270,6 +270,21 @@ def _late_steps(run: PolicyRun, slo_s: float, dt: float) -> IntArray:
     return (run.arrivals_s[late] // dt).astype(np.int64)
 
 
+TOKEN_LOAD = 0.85  # the share of a replica's GPU time the scaler's token term aims at
+
+
+def token_capacities(svc: ServiceProfile, target_concurrency: float) -> dict[str, str]:
+    """What a user would read off a load test of one replica (`scaler bench loadgen`): prompt
+    tokens prefilled and tokens generated per second at the target load, here from the profile
+    (prefill at its rate; decode one token per running request per iteration at
+    `targetConcurrency`), at TOKEN_LOAD of the GPU."""
+    decode = target_concurrency / svc.decode_step_s(target_concurrency)
+    return {
+        "prefillTokensPerSecond": f"{TOKEN_LOAD * svc.prefill_tokens_per_s:.6g}",
+        "decodeTokensPerSecond": f"{TOKEN_LOAD * decode:.6g}",
+    }
+
+
 def run_bench(
     requests: Requests, cfg: SimConfig, scale: float = 1.0, progress: Progress | None = None
 ) -> BenchResult:
@@ -307,7 +322,11 @@ def run_bench(
     max_replicas = cfg.max_replicas or max(2 * peak, initial)
     target = max(1.0, math.floor(0.8 * slots))
     metadata = scaler_metadata(
-        target, cfg.slo_s, cfg.cold_start_s, max_replicas, dict(cfg.scaler_metadata)
+        target,
+        cfg.slo_s,
+        cfg.cold_start_s,
+        max_replicas,
+        {**token_capacities(svc, target), **cfg.scaler_metadata},
     )
     factories: dict[str, Callable[[], Policy]] = {
         "always-on": lambda: AlwaysOn(peak),

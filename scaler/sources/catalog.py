@@ -97,6 +97,8 @@ SIGNAL_FIELDS = (
     "kv_cache_usage",
     "ready_pods",
     "service_time_s",
+    "prompt_tokens_rate",
+    "generation_tokens_rate",
 )
 # Trigger/profile keys that replace one signal's expression with the user's PromQL.
 QUERY_KEYS = {
@@ -109,6 +111,8 @@ QUERY_KEYS = {
     "kv_cache_usage": "kvCacheQuery",
     "ready_pods": "readyPodsQuery",
     "service_time_s": "serviceTimeQuery",
+    "prompt_tokens_rate": "promptTokensRateQuery",
+    "generation_tokens_rate": "generationTokensRateQuery",
 }
 
 
@@ -211,6 +215,9 @@ CATALOGS: Mapping[str, Catalog] = {
                 Rate(_vllm("vllm:request_inference_time_seconds_sum")),
                 Rate(_vllm("vllm:request_inference_time_seconds_count")),
             ),
+            # The GPU's work: prompt tokens prefilled and tokens generated per second.
+            "prompt_tokens_rate": Rate(_vllm("vllm:prompt_tokens_total")),
+            "generation_tokens_rate": Rate(_vllm("vllm:generation_tokens_total")),
         },
     ),
     "custom": Catalog(backend="custom", model_label=None, default_metrics_port=None, signals={}),
