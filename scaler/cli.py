@@ -69,6 +69,18 @@ def _demo(args: argparse.Namespace) -> int:
     )
 
 
+def _metadata(items: list[str]) -> dict[str, str] | None:
+    """`--metadata KEY=VALUE` options as a dict, or None (after saying which is malformed)."""
+    metadata = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"--metadata {item!r}: expected KEY=VALUE", file=sys.stderr)
+            return None
+        metadata[key] = value
+    return metadata
+
+
 def _signals(args: argparse.Namespace) -> int:
     """Read a workload's signals once, exactly as the server would, and print them."""
     import dataclasses
@@ -80,13 +92,9 @@ def _signals(args: argparse.Namespace) -> int:
     from scaler.trigger import TriggerError, parse_trigger
     from scaler.workload import ResolveError, resolve
 
-    metadata = {}
-    for item in args.metadata:
-        key, sep, value = item.partition("=")
-        if not sep:
-            print(f"--metadata {item!r}: expected KEY=VALUE", file=sys.stderr)
-            return 2
-        metadata[key] = value
+    metadata = _metadata(args.metadata)
+    if metadata is None:
+        return 2
     try:
         config = load_config_file(args.config) if args.config else Config()
         spec = resolve(parse_trigger(args.namespace, args.name, metadata), config)
@@ -215,13 +223,9 @@ def _bench_replay(args: argparse.Namespace) -> int:
     """Replay a trace against a simulated fleet under every policy (see scaler.sim)."""
     from scaler.sim.command import ReplayOptions, replay
 
-    metadata = {}
-    for item in args.metadata:
-        key, sep, value = item.partition("=")
-        if not sep:
-            print(f"--metadata {item!r}: expected KEY=VALUE", file=sys.stderr)
-            return 2
-        metadata[key] = value
+    metadata = _metadata(args.metadata)
+    if metadata is None:
+        return 2
     return replay(
         ReplayOptions(
             trace=args.trace,
