@@ -263,6 +263,16 @@ class _Base(RowState):
     def predict(self, h: int) -> FloatArray:
         return np.maximum(self._predict(check_steps(h)), 0.0)
 
+    def predict_steps(self, out: FloatArray) -> None:
+        """`predict(h)` transposed into `out` (shape (h, N), h = its first axis): the same numbers
+        laid out step by step, as `ScalerForecaster` keeps them."""
+        out[...] = self.predict(out.shape[0]).T
+
+    def _flat_steps(self, value: FloatArray, out: FloatArray) -> None:
+        """A flat forecast: every step is `value`, clamped at 0 as `predict` does."""
+        np.maximum(value, 0.0, out=out[0])
+        out[1:] = out[0]
+
     def fit(self, history: ArrayLike) -> Self:
         values = as_history(history, self.n_series)
         self._reset()
@@ -296,6 +306,9 @@ class Naive(_Base):
     def _predict(self, h: int) -> FloatArray:
         return np.repeat(self._last[:, None], h, axis=1)
 
+    def predict_steps(self, out: FloatArray) -> None:
+        self._flat_steps(self._last, out)
+
     def state(self) -> State:
         return {"last": self._last.copy(), "n_obs": self._n_obs.copy()}
 
@@ -323,6 +336,9 @@ class MovingAverage(_Base):
 
     def _predict(self, h: int) -> FloatArray:
         return np.repeat(moving_average_mean(self._buf, self._n_obs)[:, None], h, axis=1)
+
+    def predict_steps(self, out: FloatArray) -> None:
+        self._flat_steps(moving_average_mean(self._buf, self._n_obs), out)
 
     def state(self) -> State:
         return {"buf": self._buf.copy(), "n_obs": self._n_obs.copy()}
@@ -405,6 +421,9 @@ class SimpleExponential(_Base):
     def _predict(self, h: int) -> FloatArray:
         return np.repeat(self._level[:, None], h, axis=1)
 
+    def predict_steps(self, out: FloatArray) -> None:
+        self._flat_steps(self._level, out)
+
     def state(self) -> State:
         return {"level": self._level.copy(), "n_obs": self._n_obs.copy()}
 
@@ -441,6 +460,13 @@ class HoltDamped(_Base):
 
     def _predict(self, h: int) -> FloatArray:
         return holt_forecast(self._level, self._trend, self.phi, h)
+
+    def predict_steps(self, out: FloatArray) -> None:
+        # holt_forecast's level + trend * damped sum, per element, in (h, N) layout.
+        sums = damped_sums(self.phi, out.shape[0])
+        np.multiply(self._trend[None, :], sums[:, None], out=out)
+        out += self._level
+        np.maximum(out, 0.0, out=out)
 
     def state(self) -> State:
         return {

@@ -65,6 +65,7 @@ from scaler.forecast.models import (
     SeasonalHolt,
     SeasonalNaive,
     SimpleExponential,
+    _Base,
 )
 
 __all__ = ["ForecastResult", "ScalerForecaster", "pinball_loss", "top_experts"]
@@ -74,6 +75,7 @@ _MAD_TO_SIGMA = math.sqrt(math.pi / 2.0)
 _LEVEL_ALPHA = 0.3  # smoothed level the volatility is measured against
 _VOL_ALPHA = 0.1  # volatility: exponentially weighted mean absolute deviation from that level
 _CALIBRATION_MEMORY = 50.0  # bins: the combined point's mean absolute error
+_BLOCK_CELLS = 32768  # (expert, step, series) cells per block of the error statistics' update
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,9 +129,9 @@ class ScalerForecaster(RowState):
     _ROWS: ClassVar[dict[str, int]] = {
         "_pending": 3,
         "_vol_issued": 1,
-        "_issued": 1,
-        "_point_issued": 0,
-        "_upper_issued": 0,
+        "_issued": 2,
+        "_point_issued": 2,
+        "_upper_issued": 2,
         "_m": 2,
         "_s": 2,
         "_z": 2,
@@ -144,9 +146,9 @@ class ScalerForecaster(RowState):
         "_has_prev": 0,
         "_n_changes": 0,
         "_scale": 0,
-        "_mae": 0,
-        "_n_calibrated": 0,
-        "_adjust": 0,
+        "_mae": 1,
+        "_n_calibrated": 1,
+        "_adjust": 1,
         "_best": 0,
         "_point": 0,
         "_upper": 0,
@@ -229,17 +231,17 @@ class ScalerForecaster(RowState):
         # Layouts put the series last, so a step's or an issue bin's values are contiguous.
         self._pending = np.full((c, h, h, n), np.nan)  # candidates' points awaiting actuals
         self._vol_issued = np.full((h, n), np.nan)  # volatility each forecast was issued with
-        self._issued = np.full((e, n, self.eval_step), np.nan)  # experts' bounds at eval_step
-        self._point_issued = np.full((n, h, h), np.nan)  # the combined point and bound
-        self._upper_issued = np.full((n, h, h), np.nan)
-        # Per expert, step and series: error mean, mean absolute deviation, z, count (a float:
-        # exact to 2**53, and cheaper to mix with the others).
+        self._issued = np.full((self.eval_step, e, n), np.nan)  # experts' bounds at eval_step
+        self._point_issued = np.full((h, h, n), np.nan)  # the combined point and bound
+        self._upper_issued = np.full((h, h, n), np.nan)
+        # Per expert, step and series: error mean, mean absolute deviation, z, count (counts are
+        # floats: exact to 2**53, and cheaper to mix with the others).
         self._m = np.zeros((e, h, n))
         self._s = np.zeros((e, h, n))
         self._z = np.full((e, h, n), self._z0)
         self._n = np.zeros((e, h, n))
         self._loss = np.zeros((e, n))
-        self._n_scored = np.zeros((e, n), dtype=np.int64)
+        self._n_scored = np.zeros((e, n))
         # Per series: level and volatility (scaled experts), mean one-step change (fallback).
         self._level = np.zeros(n)
         self._has_level = np.zeros(n, dtype=np.bool_)
@@ -249,10 +251,10 @@ class ScalerForecaster(RowState):
         self._has_prev = np.zeros(n, dtype=np.bool_)
         self._n_changes = np.zeros(n, dtype=np.int64)
         self._scale = np.zeros(n)
-        # Calibration of the combined bound, per series and step.
-        self._mae = np.zeros((n, h))
-        self._n_calibrated = np.zeros((n, h), dtype=np.int64)
-        self._adjust = np.zeros((n, h))
+        # Calibration of the combined bound, per step and series.
+        self._mae = np.zeros((h, n))
+        self._n_calibrated = np.zeros((h, n))
+        self._adjust = np.zeros((h, n))
         # The current forecast.
         self._best = np.zeros(n, dtype=np.int64)
         self._point = np.zeros((n, h))
@@ -313,7 +315,6 @@ class ScalerForecaster(RowState):
         t, h, q = self._t, self.horizon, self.quantile
         n_series, c = self.n_series, len(self._models)
         slots = (t - self._steps) % h
-        present = ok[:, None]
         # Elementwise arithmetic as in the textbook form, computed in place over all experts,
         # steps and series at once; a masked update is computed everywhere and then undone where
         # the mask is off (cheaper than np.where when the mask is mostly on), and a choice between
@@ -326,65 +327,100 @@ class ScalerForecaster(RowState):
         np.divide(err[:c], self._vol_issued[slots], out=err[c:])
         valid = np.isfinite(err)
         valid &= ok
-        invalid = ~valid
-        partial = bool(invalid.any())
-        n = self._n
-        fewest = n.min()  # errors so far, before this one
-        scored = valid if fewest > 0 else valid & (n > 0)
-        n += valid
-        bound = np.multiply(self._z, self._s)
-        bound += self._m
-        miss = np.greater(err, bound)  # a bound issued without a valid error: step * 0 below
-        step = bound  # reused
-        if self._z_exact:
-            np.multiply(miss, self._z_jump, out=step)
-            step += self._z_down
-        else:
-            step[...] = np.where(miss, self._z_up, self._z_down)
-        step *= scored
-        self._z += step
+        n, z = self._n, self._z
+        # The fewest errors so far (before this one) among those that get one: a rate or mask that
+        # depends on the count is the same for all of them once it is large enough. Bounded below
+        # by the fewest in the series observed now (cheap); exact only if that is too small.
+        few = n.min(axis=(0, 1))  # per series
+        fewest = few[ok].min() if ok.any() else np.inf
+        if fewest < self.window:
+            fewest = np.where(valid, n, np.inf).min()
         if fewest >= self.window:
             rate: FloatArray | float = 1.0 / self.window
-        else:
-            rate = np.maximum(n, 1.0)
-            np.divide(1.0, rate, out=rate)
-            np.maximum(rate, 1.0 / self.window, out=rate)
-        mean = np.subtract(err, self._m)
-        mean *= rate
-        mean += self._m
-        deviation = np.subtract(err, mean)
-        np.abs(deviation, out=deviation)
-        deviation -= self._s
-        deviation *= rate
-        deviation += self._s
-        if partial:
-            np.copyto(mean, self._m, where=invalid)
-            np.copyto(deviation, self._s, where=invalid)
+        mean = np.empty_like(self._m)
+        deviation = np.empty_like(self._s)
+        z_new = np.empty_like(z)
+        # A few experts at a time, so the arrays a block works on stay in the CPU's cache.
+        block = max(1, _BLOCK_CELLS // (h * n_series))
+        for first in range(0, 2 * c, block):
+            part = slice(first, first + block)
+            err_b, valid_b, n_b, z_b = err[part], valid[part], n[part], z[part]
+            m_b, s_b = self._m[part], self._s[part]
+            mean_b, deviation_b, z_new_b = mean[part], deviation[part], z_new[part]
+            n_b += valid_b
+            step = np.multiply(z_b, s_b)
+            step += m_b  # the bound: a miss is an error above it
+            miss = np.greater(err_b, step)
+            if self._z_exact:
+                np.multiply(miss, self._z_jump, out=step)
+                step += self._z_down
+            else:
+                step[...] = np.where(miss, self._z_up, self._z_down)
+            if fewest < 1:  # z moves where an error follows an earlier one: step 0 elsewhere
+                step *= valid_b & (n_b > 1)
+            np.add(z_b, step, out=z_new_b)  # where no error comes, undone below
+            if fewest < self.window:
+                rate = np.maximum(n_b, 1.0)
+                np.divide(1.0, rate, out=rate)
+                np.maximum(rate, 1.0 / self.window, out=rate)
+            np.subtract(err_b, m_b, out=mean_b)
+            mean_b *= rate
+            mean_b += m_b
+            np.subtract(err_b, mean_b, out=deviation_b)
+            np.abs(deviation_b, out=deviation_b)
+            deviation_b -= s_b
+            deviation_b *= rate
+            deviation_b += s_b
+            invalid = ~valid_b
+            if invalid.any():
+                np.copyto(mean_b, m_b, where=invalid)
+                np.copyto(deviation_b, s_b, where=invalid)
+                np.copyto(z_new_b, z_b, where=invalid)
         self._m = mean
         self._s = deviation
+        self._z = z_new
 
         # 2. Score the experts' bounds issued eval_step bins ago.
         slot = t % self.eval_step
-        issued = self._issued[:, :, slot]
-        hit_e = ok[None] & np.isfinite(issued)
+        issued = self._issued[slot]
+        hit_e = np.isfinite(issued)
+        hit_e &= ok
+        least = self._n_scored.min(where=hit_e, initial=np.inf)
         self._n_scored += hit_e
-        weight = np.maximum(1.0 / np.maximum(self._n_scored, 1), self._decay)
-        loss = pinball_loss(values[None], np.where(hit_e, issued, 0.0), q)
-        self._loss = np.where(hit_e, self._loss + weight * (loss - self._loss), self._loss)
+        if 1.0 / max(least, 1.0) <= self._decay:  # so is every 1 / count: all weigh decay
+            weight: FloatArray | float = self._decay
+        else:
+            weight = np.maximum(1.0 / np.maximum(self._n_scored, 1.0), self._decay)
+        loss = pinball_loss(values, np.where(hit_e, issued, 0.0), q)
+        loss -= self._loss
+        loss *= weight
+        loss += self._loss
+        self._loss = np.where(hit_e, loss, self._loss)
 
-        # 3. Calibrate the combined bound on its own hits and misses.
-        column = values[:, None]
-        point_due = self._point_issued[:, slots, self._steps - 1]
-        upper_due = self._upper_issued[:, slots, self._steps - 1]
-        hit = present & np.isfinite(point_due)
+        # 3. Calibrate the combined bound on its own hits and misses (per step and series).
+        point_due = self._point_issued[slots, self._steps - 1]
+        upper_due = self._upper_issued[slots, self._steps - 1]
+        hit = np.isfinite(point_due)
+        hit &= ok
+        least = self._n_calibrated.min(where=hit, initial=np.inf)
         self._n_calibrated += hit
-        rate_c = np.maximum(1.0 / np.maximum(self._n_calibrated, 1), 1.0 / _CALIBRATION_MEMORY)
-        mae = self._mae + rate_c * (np.abs(column - point_due) - self._mae)
+        if 1.0 / max(least, 1.0) <= 1.0 / _CALIBRATION_MEMORY:
+            rate_c: FloatArray | float = 1.0 / _CALIBRATION_MEMORY
+        else:
+            rate_c = np.maximum(
+                1.0 / np.maximum(self._n_calibrated, 1.0), 1.0 / _CALIBRATION_MEMORY
+            )
+        mae = np.subtract(values, point_due)
+        np.abs(mae, out=mae)
+        mae -= self._mae
+        mae *= rate_c
+        mae += self._mae
         self._mae = np.where(hit, mae, self._mae)
-        off = (column > upper_due) - (1.0 - q)
-        self._adjust = np.where(
-            hit, self._adjust + self.calibration_rate * self._mae * off, self._adjust
-        )
+        off = (values > upper_due) - (1.0 - q)
+        move = self.calibration_rate * self._mae
+        move *= off
+        move += self._adjust
+        self._adjust = np.where(hit, move, self._adjust)
 
         # 4. Series statistics: fallback scale, level and volatility.
         changed = ok & self._has_prev
@@ -418,20 +454,24 @@ class ScalerForecaster(RowState):
         ready = np.empty((c, n_series), dtype=np.bool_)
         for i, model in enumerate(self._models):
             model.update(given)
-            points[i] = model.predict(h).T
+            if isinstance(model, _Base):
+                model.predict_steps(points[i])
+            else:
+                points[i] = model.predict(h).T
             ready[i] = model.ready
         ready_e = np.concatenate([ready, ready])
         fallback = self._fallback[:, None] * self._scale[None, :]  # (h, N)
         k = self.eval_step - 1
-        m_k, s_k = self._m[:, k], self._s[:, k]
-        upper_k = np.multiply(self._z[:, k], s_k)
-        upper_k += m_k
+        upper_k = np.multiply(self._z[:, k], self._s[:, k])
+        upper_k += self._m[:, k]
         upper_k[c:] *= vol
         upper_k = np.where(self._n[:, k] >= self.min_errors, upper_k, fallback[k])
         np.maximum(upper_k, 0.0, out=upper_k)
         upper_k[:c] += points[:, k]
         upper_k[c:] += points[:, k]
-        self._issued[:, :, slot] = np.where(ready_e, upper_k, np.nan)
+        if not ready_e.all():
+            upper_k[~ready_e] = np.nan
+        self._issued[slot] = upper_k
 
         usable = ready_e & (self._n_scored >= self.min_errors)
         usable[0] = True  # Naive, raw bound: always
@@ -444,26 +484,33 @@ class ScalerForecaster(RowState):
         point_at = (order % c)[:, None, :] * cells + base
         chosen = points.reshape(-1)[point_at]
         z_at, s_at, m_at = self._z.reshape(-1)[at], self._s.reshape(-1)[at], self._m.reshape(-1)[at]
-        trusted = self._n.reshape(-1)[at] >= self.min_errors
         unit = np.where(order >= c, vol, 1.0)[:, None, :]
         spread = np.multiply(z_at, s_at)
         up = np.add(m_at, spread)
         up *= unit
-        up = np.where(trusted, up, fallback)
-        np.maximum(up, 0.0, out=up)
-        up += chosen
         down = np.subtract(m_at, spread)
         down *= unit
-        down = np.where(trusted, down, -fallback)
+        # Bounds from the error statistics once `min_errors` were seen, else the scale-based
+        # fallback: only in the series where some expert and step has not seen that many yet.
+        new = np.flatnonzero(few < self.min_errors)  # counts before this bin's: a superset
+        if new.size:
+            trusted = self._n.reshape(-1)[at[:, :, new]] >= self.min_errors
+            up[:, :, new] = np.where(trusted, up[:, :, new], fallback[:, new])
+            down[:, :, new] = np.where(trusted, down[:, :, new], -fallback[:, new])
+        np.maximum(up, 0.0, out=up)
+        up += chosen
         np.minimum(down, 0.0, out=down)
         down += chosen
         chosen *= wide
         up *= wide
         down *= wide
-        point = chosen.sum(axis=0).T
-        upper = up.sum(axis=0).T
-        lower = down.sum(axis=0).T
-        upper = np.maximum(upper + self._adjust, point)
+        point = chosen.sum(axis=0)  # (h, N)
+        upper = up.sum(axis=0)
+        upper += self._adjust
+        np.maximum(upper, point, out=upper)
+        lower = down.sum(axis=0)
+        np.minimum(lower, point, out=lower)
+        np.maximum(lower, 0.0, out=lower)
 
         now = t % h
         pending = self._pending[:, now]
@@ -471,12 +518,12 @@ class ScalerForecaster(RowState):
         if not ready.all():
             np.copyto(pending, np.nan, where=~ready[:, None, :])
         self._vol_issued[now] = vol
-        self._point_issued[:, now] = point
-        self._upper_issued[:, now] = upper
+        self._point_issued[now] = point
+        self._upper_issued[now] = upper
         self._best = order[0]
-        self._point = np.ascontiguousarray(point)
-        self._upper = upper
-        self._lower = np.maximum(np.minimum(lower, point), 0.0)
+        self._point = np.ascontiguousarray(point.T)
+        self._upper = np.ascontiguousarray(upper.T)
+        self._lower = np.ascontiguousarray(lower.T)
         self._t += 1
 
     def predict(self, h: int) -> ForecastResult:
@@ -516,7 +563,7 @@ class ScalerForecaster(RowState):
         still awaiting their actual are time bookkeeping, like the bin clock, and are not."""
         out: State = {
             "loss": self._loss.T.copy(),
-            "n_scored": self._n_scored.T.copy(),
+            "n_scored": self._n_scored.T.astype(np.int64),
             "error_mean": self._m.transpose(2, 0, 1).copy(),
             "error_deviation": self._s.transpose(2, 0, 1).copy(),
             "z": self._z.transpose(2, 0, 1).copy(),
@@ -525,8 +572,8 @@ class ScalerForecaster(RowState):
             "vol": self._vol.copy(),
             "scale": self._scale.copy(),
             "prev": self._prev.copy(),
-            "mae": self._mae.copy(),
-            "adjust": self._adjust.copy(),
+            "mae": self._mae.T.copy(),
+            "adjust": self._adjust.T.copy(),
         }
         for model in self._models:
             out.update({f"{model.name}.{key}": value for key, value in model.state().items()})
