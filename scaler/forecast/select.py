@@ -331,10 +331,12 @@ class ScalerForecaster(RowState):
         # The fewest errors so far (before this one) among those that get one: a rate or mask that
         # depends on the count is the same for all of them once it is large enough. Bounded below
         # by the fewest in the series observed now (cheap); exact only if that is too small.
-        few = n.min(axis=(0, 1))  # per series
-        fewest = few[ok].min() if ok.any() else np.inf
-        if fewest < self.window:
-            fewest = np.where(valid, n, np.inf).min()
+        fewest = n.min()
+        few = n.min(axis=(0, 1)) if fewest < max(self.window, self.min_errors) else None
+        if few is not None and fewest < self.window:
+            fewest = few[ok].min() if ok.any() else np.inf  # per series observed now
+            if fewest < self.window:
+                fewest = np.where(valid, n, np.inf).min()
         if fewest >= self.window:
             rate: FloatArray | float = 1.0 / self.window
         mean = np.empty_like(self._m)
@@ -453,10 +455,11 @@ class ScalerForecaster(RowState):
         points = np.empty((c, h, n_series))
         ready = np.empty((c, n_series), dtype=np.bool_)
         for i, model in enumerate(self._models):
-            model.update(given)
             if isinstance(model, _Base):
+                model._step(values, ok)  # what update(given) does after checking its input
                 model.predict_steps(points[i])
             else:
+                model.update(given)
                 points[i] = model.predict(h).T
             ready[i] = model.ready
         ready_e = np.concatenate([ready, ready])
@@ -492,8 +495,9 @@ class ScalerForecaster(RowState):
         down *= unit
         # Bounds from the error statistics once `min_errors` were seen, else the scale-based
         # fallback: only in the series where some expert and step has not seen that many yet.
-        new = np.flatnonzero(few < self.min_errors)  # counts before this bin's: a superset
-        if new.size:
+        # Series where some expert and step had fewer (before this bin's error: a superset).
+        new = None if few is None else np.flatnonzero(few < self.min_errors)
+        if new is not None and new.size:
             trusted = self._n.reshape(-1)[at[:, :, new]] >= self.min_errors
             up[:, :, new] = np.where(trusted, up[:, :, new], fallback[:, new])
             down[:, :, new] = np.where(trusted, down[:, :, new], -fallback[:, new])
