@@ -17,7 +17,7 @@ the demand over that horizon and, above all, a high bound on it. The pieces:
   a sort per query; kept for callers that want them, the forecaster no longer uses them).
 
 Everything is vectorised across series: one update is a fixed number of numpy operations on
-arrays of shape (experts, N, ...), never a Python loop over series, so 1,000 workloads update in
+arrays of shape (experts, steps, N), never a Python loop over series, so 1,000 workloads update in
 a few milliseconds (a few microseconds per series), and a missing value (NaN) only skips its
 series. A single series pays numpy's per-call overhead for the same operations (a few hundred
 microseconds per update on a small machine), so the engine puts every workload with the same bins
