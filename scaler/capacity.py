@@ -1,6 +1,6 @@
 """Signals -> replicas needed now: the capacity model, pure and documented.
 
-Four terms, each in replica units; the need is the largest, and the decision names which one set it:
+Terms, each in replica units; the need is the largest, and the decision names which one set it:
 
 - concurrency: (running + waiting) / targetConcurrency. What is in the servers now.
 - littles_law: arrival_rate x S / targetConcurrency, where S is the mean time a request holds a
@@ -16,22 +16,26 @@ Four terms, each in replica units; the need is the largest, and the decision nam
 - kv_cache: ready_pods x kv_cache_usage / kvCacheTarget, only while usage exceeds the target:
   memory-bound pods preempt before their concurrency target is reached.
 
-The last two only ever raise the need (upward corrections); none reads a missing signal as 0.
+queue_slo and kv_cache only ever raise the need (upward corrections); tokens needs a configured
+capacity; none reads a missing signal as 0.
 
 With a `Fleet` (what the policy knows: a cold-start horizon, the ready replicas, the replicas
 asked for and not yet ready), the queue is counted where it will be when a
 replica asked now can serve, instead of as concurrency now:
 
-- queue: arrival_rate x S / targetConcurrency + B x S / (targetConcurrency x H) (and no less
-  than the busy replicas, running / targetConcurrency, while a queue waits),
-  where H is the horizon and B the backlog a replica asked now would find on arrival: today's
-  `waiting`, grown or drained at arrivals minus the throughput of the ready replicas until the
-  pending ones serve, then of ready + pending until H. It replaces `concurrency`, and queue_slo
-  drains B (not today's queue) within max(SLO, H): a replica asked now cannot drain sooner.
-  A reactive queue metric asks for replicas to hold
-  every queued request at once; during a cold start the queue keeps growing, so it asks again and
-  again for work the replicas already on their way will drain, then holds the excess through the
-  scale-down window: a sawtooth at several times the GPU-hours. Without an S that holds under load
+- queue: (arrival_rate x S + B_today x S / D + B_later x S / H) / targetConcurrency, where B is
+  the backlog a replica asked now would meet when it serves, a horizon H from now (today's
+  `waiting`, grown or drained at arrivals minus the ready replicas' throughput until the replicas
+  already asked for serve, then of all of them; `backlog_ahead`): with nothing on its way, the
+  part of it waiting today (a queue the fleet will not drain) is drained within D
+  (`queueTimeSloSeconds`, else one S); the rest (what builds up during a cold start, or what the
+  replicas on their way leave) within one more horizon. At least the busy replicas while a
+  queue drains, and at least the replicas on their way while the queue they will meet is not
+  empty. It replaces
+  `concurrency` (and `queue_slo`). A reactive queue metric counts every queued request as a slot
+  needed now; during a cold start the queue keeps growing, so it asks again and again for work
+  the replicas already on their way will drain, then holds the excess through the scale-down
+  window: a sawtooth at several times the GPU-hours. Without an S that holds under load
   (`loaded_service_time`) the concurrency term stands.
 """
 
@@ -116,20 +120,33 @@ def loaded_service_time(signal: Signal, spec: CapacitySpec) -> float | None:
     return service_time(signal, spec)
 
 
-def backlog_on_arrival(signal: Signal, per_replica: float, s: float, fleet: Fleet) -> float:
-    """The backlog to drain over a horizon: the queue grows or drains at arrivals minus the ready
-    replicas' throughput until the pending ones serve (what they meet), then at arrivals minus the
-    throughput of all of them until a replica asked now would serve (what it would meet)."""
+@dataclass(frozen=True)
+class Backlog:
+    """The queue ahead (requests): what the pending replicas meet when they start serving, and
+    what a replica asked for now would meet a horizon from now."""
+
+    pending_meet: float
+    new_meets: float
+
+
+def backlog_ahead(signal: Signal, per_replica: float, s: float, fleet: Fleet) -> Backlog:
+    """The queue grows or drains at arrivals minus the ready replicas' throughput until the
+    pending ones serve, then at arrivals minus the throughput of all of them until a replica asked
+    now would serve. A replica's throughput is its concurrency over S: targetConcurrency, or the
+    running requests per pod when a queue waits while pods run fewer (a server whose own batch
+    limit is below the target is saturated there)."""
     arrivals = signal.arrival_rate or 0.0
-    per_replica_rate = per_replica / s
-    now_rate = (fleet.ready or 0) * per_replica_rate
+    ready = fleet.ready or 0
+    concurrency = per_replica
+    if ready and (signal.waiting or 0.0) >= 1.0 and signal.running is not None:
+        concurrency = min(concurrency, max(signal.running / ready, 1e-9))
+    per_replica_rate = concurrency / s
+    now_rate = ready * per_replica_rate
     first = min(fleet.pending_in_s, fleet.horizon_s)
-    backlog = max(0.0, (signal.waiting or 0.0) + (arrivals - now_rate) * first)
+    met = max(0.0, (signal.waiting or 0.0) + (arrivals - now_rate) * first)
     later_rate = now_rate + fleet.pending * per_replica_rate
-    final = max(0.0, backlog + (arrivals - later_rate) * (fleet.horizon_s - first))
-    # The larger of the two: the queue the pending replicas meet is what keeps them needed (a
-    # target that dropped below them as their arrival neared would cancel their cold starts).
-    return max(backlog, final) if fleet.pending > 0 else final
+    final = max(0.0, met + (arrivals - later_rate) * (fleet.horizon_s - first))
+    return Backlog(pending_meet=met if fleet.pending > 0 else 0.0, new_meets=final)
 
 
 def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need | None:
@@ -151,12 +168,26 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
         and signal.arrival_rate is not None
         and signal.waiting is not None
     ):
-        backlog = backlog_on_arrival(signal, per_replica, known_s, fleet)
-        # While a backlog drains, the busy replicas are kept (`running`); the window remembers
-        # only the flow (`Need.steady`).
+        ahead = backlog_ahead(signal, per_replica, known_s, fleet)
+        backlog = ahead.new_meets
+        # What a replica asked now meets is drained within the queue-time SLO (else one service
+        # time, as the concurrency term would) once it serves; the flow is arrivals x S; while
+        # a backlog drains the busy replicas are kept (`running`), and while the replicas on
+        # their way will meet a queue they are kept too. The window remembers only the flow.
+        # The part of it that waits today (a queue the fleet does not drain) goes within D; the
+        # part still to build up while replicas start, within a horizon. With replicas on their
+        # way, today's queue is theirs to drain: all of what is left is drained over a horizon.
+        drain_s = spec.queue_time_slo_s if spec.queue_time_slo_s is not None else known_s
+        today = min(signal.waiting, backlog) if fleet.pending <= 0 else 0.0
+        later = backlog - today
         flow = signal.arrival_rate * known_s
         draining = signal.running or 0.0 if signal.waiting >= 1.0 else 0.0
-        terms["queue"] = (max(flow, draining) + backlog * known_s / fleet.horizon_s) / per_replica
+        queue = (
+            max(flow, draining) + today * known_s / drain_s + later * known_s / fleet.horizon_s
+        ) / per_replica
+        if ahead.pending_meet > 0:
+            queue = max(queue, fleet.ready + fleet.pending)
+        terms["queue"] = queue
         steady_queue = flow / per_replica
         s = known_s
     elif in_flight is not None:
@@ -169,19 +200,14 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
         else (signal.queue_time_mean_s)
     )
     if (
-        spec.queue_time_slo_s is not None
+        backlog is None  # with a fleet, the queue term drains within the SLO already
+        and spec.queue_time_slo_s is not None
         and queue_time is not None
         and queue_time > spec.queue_time_slo_s
         and s is not None
         and signal.waiting is not None
     ):
-        # With a fleet to reason about, replicas asked now serve in H at the earliest: there
-        # is no sooner drain to pay for.
-        queued = signal.waiting if backlog is None else backlog
-        window = spec.queue_time_slo_s
-        if fleet is not None and fleet.ready is not None:
-            window = max(window, fleet.horizon_s)
-        drain = (signal.arrival_rate or 0.0) + queued / window
+        drain = (signal.arrival_rate or 0.0) + signal.waiting / spec.queue_time_slo_s
         terms["queue_slo"] = drain * s / per_replica
     gpu_time = [
         rate / per_s

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.capacity import CapacitySpec, Fleet, backlog_on_arrival, loaded_service_time, need
+from scaler.capacity import CapacitySpec, Fleet, backlog_ahead, loaded_service_time, need
 from scaler.signals import Signal
 
 
@@ -92,7 +92,9 @@ def test_queue_term_counts_the_backlog_a_new_replica_would_find():
         signal(running=16, waiting=100, arrival_rate=20.0, service_time_s=2.0), spec, fleet
     )
     assert found is not None and found.term == "queue"
-    assert backlog_on_arrival(signal(waiting=100, arrival_rate=20.0), 8, 2.0, fleet) == 820
+    ahead = backlog_ahead(signal(waiting=100, arrival_rate=20.0), 8, 2.0, fleet)
+    assert (ahead.pending_meet, ahead.new_meets) == (820, 820)
+    # Today's queue is the pending replicas' to drain: all 820 go over a horizon.
     assert found.replicas == pytest.approx((20 * 2 + 820 * 2 / 210) / 8)
     assert "concurrency" not in found.terms
 
@@ -154,3 +156,14 @@ def test_tokens_term_is_the_gpu_time_the_token_rates_take():
     assert "tokens" not in need(prefill_bound, CapacitySpec(target_concurrency=8)).terms  # type: ignore[union-attr]
     only_decode = need(signal(running=3, waiting=0, generation_tokens_rate=4_000.0), spec)
     assert only_decode is not None and only_decode.terms["tokens"] == pytest.approx(2.0)
+
+
+def test_a_queue_the_fleet_cannot_drain_is_drained_within_one_service_time():
+    # A server whose own batch limit (2 running) is below targetConcurrency (4) is saturated
+    # there: 14 wait and do not drain. With nothing on its way, as the concurrency term would.
+    spec = CapacitySpec(target_concurrency=4)
+    fleet = Fleet(horizon_s=210, ready=1)
+    stuck = signal(running=2, waiting=14, arrival_rate=1.0, service_time_s=2.0)
+    found = need(stuck, spec, fleet)
+    assert found is not None and found.term == "queue"
+    assert found.replicas == pytest.approx((2 + 14) / 4)
