@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from scaler.signals import Signal
 
 MIN_RATE = 1e-3  # req/s; below it running / arrival_rate says nothing about service time
+DRAIN_SURPLUS = 1.1  # a fleet drains its queue when it completes 10% more than arrives
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class Backlog:
 
     pending_meet: float
     new_meets: float
+    ready_rate: float = 0.0  # requests per second the ready replicas complete (modelled)
 
 
 def backlog_ahead(signal: Signal, per_replica: float, s: float, fleet: Fleet) -> Backlog:
@@ -146,7 +148,9 @@ def backlog_ahead(signal: Signal, per_replica: float, s: float, fleet: Fleet) ->
     met = max(0.0, (signal.waiting or 0.0) + (arrivals - now_rate) * first)
     later_rate = now_rate + fleet.pending * per_replica_rate
     final = max(0.0, met + (arrivals - later_rate) * (fleet.horizon_s - first))
-    return Backlog(pending_meet=met if fleet.pending > 0 else 0.0, new_meets=final)
+    return Backlog(
+        pending_meet=met if fleet.pending > 0 else 0.0, new_meets=final, ready_rate=now_rate
+    )
 
 
 def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need | None:
@@ -178,7 +182,16 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
         # part still to build up while replicas start, within a horizon. With replicas on their
         # way, today's queue is theirs to drain: all of what is left is drained over a horizon.
         drain_s = spec.queue_time_slo_s if spec.queue_time_slo_s is not None else known_s
-        today = min(signal.waiting, backlog) if fleet.pending <= 0 else 0.0
+        # A saturated fleet in steady state (a closed loop of clients) neither grows nor drains
+        # its queue: arrivals equal its throughput within measurement noise. Only a clear
+        # surplus (DRAIN_SURPLUS) counts as draining; otherwise today's queue is there to stay.
+        if fleet.pending > 0:
+            today = 0.0
+        elif ahead.ready_rate >= DRAIN_SURPLUS * signal.arrival_rate:
+            today = min(signal.waiting, backlog)
+        else:
+            today = signal.waiting
+            backlog = max(backlog, today)
         later = backlog - today
         flow = signal.arrival_rate * known_s
         draining = signal.running or 0.0 if signal.waiting >= 1.0 else 0.0

@@ -167,3 +167,14 @@ def test_a_queue_the_fleet_cannot_drain_is_drained_within_one_service_time():
     found = need(stuck, spec, fleet)
     assert found is not None and found.term == "queue"
     assert found.replicas == pytest.approx((2 + 14) / 4)
+
+
+def test_a_saturated_fleet_whose_arrivals_match_its_throughput_keeps_its_queue():
+    # Arrivals within 10% of what the ready replicas complete: neither drains nor grows as far as
+    # the measurements can tell (a closed loop of clients). Today's queue is there to stay.
+    spec = CapacitySpec(target_concurrency=4)
+    fleet = Fleet(horizon_s=210, ready=1)
+    steady = signal(running=2, waiting=14, arrival_rate=1.05, service_time_s=2.0)  # 1.0 served
+    found = need(steady, spec, fleet)
+    # flow 1.05 x 2 s, today's 14 within one S, the 0.05/s x 210 s it grows by over a horizon
+    assert found is not None and found.replicas == pytest.approx((2.1 + 14 + 10.5 * 2 / 210) / 4)

@@ -390,6 +390,10 @@ async def test_vllm_queue_by_both_sources_raises_the_target(
         await wait_decision(
             server, "prom", lambda d: d.signal is not None and (d.signal.waiting or 0) >= 1, 15
         )
+        # The target rises through both paths (Prometheus's rate windows take a few scrapes to
+        # settle after the queue first shows, so a bounded wait, not one read).
+        for name in ("direct", "prom"):
+            await wait_decision(server, name, lambda d: d.replicas > 1, 15)
         raised = [(await client.evaluate(so)).value for so in (direct, through_prom)]
         assert all(value > 1.0 for value in raised), raised
         decision = await wait_decision(
