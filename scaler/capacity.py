@@ -68,6 +68,7 @@ class Fleet:
     ready: int | None = None  # replicas serving now (None: unknown)
     pending: float = 0.0  # replicas asked for within the horizon and not yet ready
     pending_in_s: float = 0.0  # until the pending ones are expected to serve
+    asked: int = 0  # the highest target asked for within the horizon
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class Need:
     # The need without what drains a backlog (the queue term's flow part only): what the
     # stabilization window remembers, so the replicas a drain keeps busy are not held for a
     # whole window after the queue is gone. Equal to `replicas` without a fleet.
-    steady: float | None = None
+    steady: float
 
     def describe(self) -> str:
         shown = ", ".join(f"{name}={value:.2f}" for name, value in self.terms.items())

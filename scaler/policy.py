@@ -169,6 +169,7 @@ def fleet(spec: WorkloadSpec, signal: Signal, state: PolicyState, at: float) -> 
         ready=ready,
         pending=pending,
         pending_in_s=pending_in,
+        asked=asked,
     )
 
 
@@ -181,18 +182,19 @@ def decide(
     faults: tuple[str, ...] = (),
     outlook: Outlook | None = None,
 ) -> tuple[Decision | None, PolicyState]:
-    ahead_of = fleet(spec, signal, state, at) if signal is not None else None
-    required = capacity.need(signal, spec.capacity, ahead_of) if signal is not None else None
-    if signal is None or required is None or ahead_of is None:
-        reasons = faults + (signal.reasons if signal is not None else ())
+    if signal is None:
+        return hold(state, at, stale_s, faults or ("no in-flight or arrival signal",)), state
+    ahead_of = fleet(spec, signal, state, at)
+    required = capacity.need(signal, spec.capacity, ahead_of)
+    if required is None:
+        reasons = faults + signal.reasons
         return hold(state, at, stale_s, reasons or ("no in-flight or arrival signal",)), state
 
     need = required.replicas
     now_replicas = max(0, math.ceil(need - EPSILON))
     # The window remembers the steady need (without a backlog's drain), so the replicas a
     # drain keeps busy go once the queue is gone, not a whole window later.
-    steady = required.steady if required.steady is not None else need
-    lasting = max(0, math.ceil(steady - EPSILON))
+    lasting = max(0, math.ceil(required.steady - EPSILON))
     recent = _window_max_push(state.recent, at, lasting, at - spec.scale_down_stabilization_s)
     busy = bool(signal.busy)
     last_busy = at if busy else state.last_busy_at
@@ -229,7 +231,7 @@ def decide(
     #    lasts (PANIC_HOLD_S after demand last outran). Unlike a reactive queue metric it does
     #    not flood the cluster: the need already counts the replicas on their way and the queue
     #    they will drain, so what is in flight is not asked for twice.
-    asked = _window_max(state.asked, at - spec.horizon_s)
+    asked = ahead_of.asked
     outran = last is not None and need >= 1.0 and need >= spec.panic_threshold * max(asked, 1)
     if ahead is not None and need > ahead.upper_max + 1.0:
         outran = True
