@@ -33,7 +33,7 @@ from scaler.workload import ResolveError, WorkloadSpec, resolve
 log = logging.getLogger(__name__)
 
 HISTORY_MAX_POINTS = 2400  # per range query; Prometheus allows 11,000
-FORECAST_MEMORY_BINS = 120  # the forecaster's error window (100) and selector warm-up, rounded up
+FORECAST_MEMORY_BINS = 120  # the forecaster's error memory (weights down to 1/100) and warm-up
 FORECAST_WARMUP_MAX_S = 6 * 3600.0
 SOURCE_FAILURE_LOG_EVERY_S = 60.0  # a persisting source failure is logged at most this often
 WorkloadKey = tuple[str, str, str]

@@ -1,6 +1,7 @@
-"""A workload's need, binned on the wall clock and forecast over the cold-start horizon.
+"""A workload's demand, binned on the wall clock and forecast over the cold-start horizon.
 
-The engine feeds each decision's need (replicas needed now) in; when a bin of
+The engine feeds each decision's demand in (`Decision.demand`: the offered load in replicas, else
+the need); when a bin of
 `forecastStepSeconds` closes, its mean goes to the forecaster (`scaler.forecast.ScalerForecaster`,
 seasonal candidates when `seasonPeriodSeconds` spans at least two bins) and the next `Outlook` is
 the highest point and upper-quantile forecast within the horizon. Bins are aligned to the wall
