@@ -154,56 +154,52 @@ def backlog_ahead(signal: Signal, per_replica: float, s: float, fleet: Fleet) ->
     )
 
 
+def queue_term(signal: Signal, spec: CapacitySpec, fleet: Fleet) -> tuple[float, float] | None:
+    """The `queue` term and its steady part (the flow), or None when it cannot be computed
+    (no ready-pod count, no horizon, no S that holds under load, no arrivals or queue known).
+
+    The backlog a replica asked now would meet (`backlog_ahead`) is split: with nothing on its
+    way, the part waiting today that the fleet will not clear drains within D (the queue-time
+    SLO, else one S, as the concurrency term would); the rest (what builds during a cold start,
+    or what the replicas on their way leave) within a horizon. A saturated fleet in steady state
+    (a closed loop of clients) neither grows nor drains its queue, arrivals equal to its
+    throughput within measurement noise, so only a clear surplus (DRAIN_SURPLUS) counts as
+    draining. Busy replicas are kept while a queue drains (`running`), and the replicas on their
+    way while the queue they will meet is not empty."""
+    s = loaded_service_time(signal, spec)
+    arrivals, waiting = signal.arrival_rate, signal.waiting
+    if fleet.ready is None or fleet.horizon_s <= 0 or not s or arrivals is None or waiting is None:
+        return None
+    ahead = backlog_ahead(signal, spec.target_concurrency, s, fleet)
+    backlog = ahead.new_meets
+    if fleet.pending > 0:
+        today = 0.0
+    elif ahead.ready_rate >= DRAIN_SURPLUS * arrivals:
+        today = min(waiting, backlog)
+    else:
+        today = waiting
+        backlog = max(backlog, today)
+    drain_s = spec.queue_time_slo_s if spec.queue_time_slo_s is not None else s
+    flow = arrivals * s
+    draining = signal.running or 0.0 if waiting >= 1.0 else 0.0
+    slots = max(flow, draining) + today * s / drain_s + (backlog - today) * s / fleet.horizon_s
+    queue = slots / spec.target_concurrency
+    if ahead.pending_meet > 0:
+        queue = max(queue, fleet.ready + fleet.pending)
+    return queue, flow / spec.target_concurrency
+
+
 def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need | None:
     """Replicas needed for this signal, or None when no term can be computed."""
     per_replica = spec.target_concurrency
     terms: dict[str, float] = {}
     in_flight = signal.in_flight
     s = service_time(signal, spec)
-    # The queue term needs an S that is right under load: configured, or learned unqueued.
-    known_s = loaded_service_time(signal, spec)
-    backlog: float | None = None
+    queued = queue_term(signal, spec, fleet) if fleet is not None else None
     steady_queue: float | None = None
-    if (
-        fleet is not None
-        and fleet.ready is not None
-        and fleet.horizon_s > 0
-        and known_s is not None
-        and known_s > 0
-        and signal.arrival_rate is not None
-        and signal.waiting is not None
-    ):
-        ahead = backlog_ahead(signal, per_replica, known_s, fleet)
-        backlog = ahead.new_meets
-        # What a replica asked now meets is drained within the queue-time SLO (else one service
-        # time, as the concurrency term would) once it serves; the flow is arrivals x S; while
-        # a backlog drains the busy replicas are kept (`running`), and while the replicas on
-        # their way will meet a queue they are kept too. The window remembers only the flow.
-        # The part of it that waits today (a queue the fleet does not drain) goes within D; the
-        # part still to build up while replicas start, within a horizon. With replicas on their
-        # way, today's queue is theirs to drain: all of what is left is drained over a horizon.
-        drain_s = spec.queue_time_slo_s if spec.queue_time_slo_s is not None else known_s
-        # A saturated fleet in steady state (a closed loop of clients) neither grows nor drains
-        # its queue: arrivals equal its throughput within measurement noise. Only a clear
-        # surplus (DRAIN_SURPLUS) counts as draining; otherwise today's queue is there to stay.
-        if fleet.pending > 0:
-            today = 0.0
-        elif ahead.ready_rate >= DRAIN_SURPLUS * signal.arrival_rate:
-            today = min(signal.waiting, backlog)
-        else:
-            today = signal.waiting
-            backlog = max(backlog, today)
-        later = backlog - today
-        flow = signal.arrival_rate * known_s
-        draining = signal.running or 0.0 if signal.waiting >= 1.0 else 0.0
-        queue = (
-            max(flow, draining) + today * known_s / drain_s + later * known_s / fleet.horizon_s
-        ) / per_replica
-        if ahead.pending_meet > 0:
-            queue = max(queue, fleet.ready + fleet.pending)
-        terms["queue"] = queue
-        steady_queue = flow / per_replica
-        s = known_s
+    if queued is not None:
+        terms["queue"], steady_queue = queued
+        s = loaded_service_time(signal, spec)
     elif in_flight is not None:
         terms["concurrency"] = in_flight / per_replica
     if s is not None and signal.arrival_rate is not None:
@@ -214,7 +210,7 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
         else (signal.queue_time_mean_s)
     )
     if (
-        backlog is None  # with a fleet, the queue term drains within the SLO already
+        steady_queue is None  # with a fleet, the queue term drains within the SLO already
         and spec.queue_time_slo_s is not None
         and queue_time is not None
         and queue_time > spec.queue_time_slo_s
