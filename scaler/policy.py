@@ -45,6 +45,11 @@ EPSILON = 1e-9
 TICK_TOLERANCE_S = 1e-3  # tick times closer than this are the same tick (evaluation >= 0.05 s)
 PANIC_HOLD_S = 60.0  # panic lasts this long after demand last outran the ask (Knative: 60 s)
 SCALE_DOWN_PERIOD_S = 60.0  # the period scaleDownMaxPercent applies to
+# The queue's trend (capacity.Fleet.queue_trend) is read over distinct observations within this
+# window at an unchanged ready count, once they span QUEUE_TREND_MIN_SPAN_S: long enough that a
+# queue jittering by a request or two reads as flat, short enough to catch a load step quickly.
+QUEUE_TREND_WINDOW_S = 30.0
+QUEUE_TREND_MIN_SPAN_S = 5.0
 
 
 class Reason(StrEnum):
@@ -106,6 +111,9 @@ class PolicyState:
     raised_at: float | None = None  # when the target last rose: replicas asked from then on
     panic_until: float | None = None
     panic_peak: int = 0  # the highest target since panic began (0 outside panic)
+    # Distinct observations of the queue (observed at, waiting, ready pods) within
+    # QUEUE_TREND_WINDOW_S, all at the newest ready count.
+    queue_seen: tuple[tuple[float, float, int], ...] = ()
 
 
 def _within(t: float, start: float) -> bool:
@@ -148,7 +156,32 @@ def policy_memory_s(spec: WorkloadSpec) -> float:
         spec.horizon_s,  # replicas asked within the horizon count as on their way
         PANIC_HOLD_S,
         SCALE_DOWN_PERIOD_S,
+        QUEUE_TREND_WINDOW_S,
     )
+
+
+def observe_queue(
+    seen: tuple[tuple[float, float, int], ...], signal: Signal, at: float
+) -> tuple[tuple[float, float, int], ...]:
+    """Add this signal's queue observation if it is a new one (a sample the source had not
+    shown before: observed at `at - age_s`), keep those within QUEUE_TREND_WINDOW_S, and start
+    over when the ready count changes (a different fleet drains at a different pace)."""
+    if signal.waiting is None or signal.ready_pods is None:
+        return seen
+    observed_at = at - (signal.age_s or 0.0)
+    if seen and seen[-1][2] != signal.ready_pods:
+        seen = ()
+    if seen and observed_at <= seen[-1][0] + TICK_TOLERANCE_S:
+        return seen
+    kept = tuple(p for p in seen if _within(p[0], observed_at - QUEUE_TREND_WINDOW_S))
+    return (*kept, (observed_at, signal.waiting, signal.ready_pods))
+
+
+def queue_trend(seen: tuple[tuple[float, float, int], ...]) -> float | None:
+    """Requests per second the queue grew over the observations, once they span enough time."""
+    if len(seen) < 2 or seen[-1][0] - seen[0][0] < QUEUE_TREND_MIN_SPAN_S:
+        return None
+    return (seen[-1][1] - seen[0][1]) / (seen[-1][0] - seen[0][0])
 
 
 def fleet(spec: WorkloadSpec, signal: Signal, state: PolicyState, at: float) -> capacity.Fleet:
@@ -170,6 +203,7 @@ def fleet(spec: WorkloadSpec, signal: Signal, state: PolicyState, at: float) -> 
         pending=pending,
         pending_in_s=pending_in,
         asked=asked,
+        queue_trend=queue_trend(observe_queue(state.queue_seen, signal, at)),
     )
 
 
@@ -301,4 +335,5 @@ def decide(
         raised_at=at if raised else state.raised_at,
         panic_until=panic_until,
         panic_peak=max(state.panic_peak, target) if panic_until is not None else 0,
+        queue_seen=observe_queue(state.queue_seen, signal, at),
     )

@@ -465,6 +465,60 @@ def test_a_cold_start_queue_is_not_asked_for_twice() -> None:
     assert queue_terms, "the queue term (with replicas on their way) set the need"
 
 
+def test_a_queue_that_does_not_shrink_is_not_read_as_draining_on_a_lagging_rate() -> None:
+    # 16 closed-loop clients on one replica whose server batches 2 (S = 0.47 s): 2 run, 14 wait,
+    # and it completes 4.3 req/s. The arrival counter's rate is a minute's average, so for a
+    # minute after the load starts it reads far below 4.3 and, trusted alone, says one replica
+    # drains the queue. The queue, flat, says otherwise: the scaler asks for 16 / 4 = 4 as soon as
+    # the trend spans enough time, while the counter still reads low.
+    spec = make_spec(targetConcurrency=4, coldStartSeconds=60, pollingIntervalSeconds=15)
+    service_s, completes = 0.4666, 2 / 0.4666
+    state, targets, rates = PolicyState(), [], []
+    for second in range(1, 21):
+        at = T0 + second
+        lagging = completes * second / 60.0  # rate(...[60s]) since the load began
+        signal = Signal(
+            at=at,
+            source="prometheus",
+            running=2.0,
+            waiting=14.0,
+            arrival_rate=lagging,
+            ready_pods=1,
+            service_time_s=service_s,
+        )
+        decision, state = decide(spec, signal, state, at, STALE)
+        assert decision is not None
+        targets.append(decision.replicas)
+        rates.append(lagging)
+    assert targets[0] == 1  # no evidence yet: the counter stands
+    risen = next(i for i, n in enumerate(targets) if n >= 4)
+    assert rates[risen] < completes / 2  # well before the counter caught up
+    assert all(n == 4 for n in targets[risen:])
+
+
+def test_a_queue_seen_to_drain_at_the_modelled_pace_is_draining() -> None:
+    # The same fleet after the clients slow to 2 req/s (the counter agrees): it completes 4.3, so
+    # its queue of 14 falls by 2.3 a second and is gone in 6 s; it needs no more replicas.
+    spec = make_spec(targetConcurrency=4, coldStartSeconds=60, pollingIntervalSeconds=15)
+    state, waiting, targets = PolicyState(), 14.0, []
+    for second in range(1, 7):
+        at = T0 + second
+        signal = Signal(
+            at=at,
+            source="prometheus",
+            running=2.0,
+            waiting=waiting,
+            arrival_rate=2.0,
+            ready_pods=1,
+            service_time_s=0.4666,
+        )
+        decision, state = decide(spec, signal, state, at, STALE)
+        assert decision is not None
+        targets.append(decision.replicas)
+        waiting = max(0.0, waiting - (2 / 0.4666 - 2.0))
+    assert targets == [1] * 6
+
+
 def test_panic_enters_when_need_outruns_what_was_asked_and_holds_60s() -> None:
     drive = Driver(make_spec(panicThreshold=2, scaleDownStabilizationSeconds=0))
     drive.tick(T0, 48.0)  # 6 replicas
