@@ -1,0 +1,305 @@
+"""Demand + placement + NodePool state -> what the companion wants for each NodePool. Pure and
+deterministic: the plan is a value, time an argument, the memory between passes (`CompanionState`)
+passed in and returned, so a pass can be logged, replayed and tested.
+
+`plan(demands, placements, pools, config, state, now)` applies, per NodePool (sorted by name):
+
+1. forecast GPUs = sum over the pool's workloads of
+   max(replicas, ceil(forecast_replicas or 0)) x gpus_per_replica: the scaler's target covers
+   now, its q90 forecast covers the horizon (cold start + polling), so both are capacity the
+   pool must hold. Several decisions of one workload (one per trigger) merge as KEDA does: the
+   highest replicas and forecast, active if any is.
+2. fail static: a workload with no decision, or one older than `stale_after_s`, is unknown; its
+   pool is held: nothing is lowered on data the companion lacks. Placeholders do not fall
+   (they may rise on the known workloads' forecast), a peak budget present stays, and a GPU
+   limit guard stays only if it is on already and no known workload wants capacity.
+3. placeholders = ceil(max(0, forecast GPUs - running GPUs) / placeholder_gpus), capped at
+   `max_placeholders`; running GPUs = what the workloads' running pods hold now. Placeholders
+   are negative-priority pause pods pinned to the pool, so they stand for exactly the GPUs the
+   workloads will need and do not hold yet: where the ready nodes lack them, the pending
+   placeholders make Karpenter launch nodes a horizon early; where free GPUs exist they keep
+   those nodes from being consolidated; when a real replica comes, it preempts one.
+4. scale to zero: every workload on the pool at replicas 0, not active, forecast 0 (or no
+   forecast) and no pod running -> no placeholders and no peak budget, so Karpenter's WhenEmpty
+   consolidation removes the nodes after consolidateAfter.
+5. peak budget (`nodes: "0"` for Underutilized/Empty): present while forecast GPUs rise over the
+   last pass's (by more than `peak_rise_fraction` x ready GPUs) or exceed the ready GPUs (the
+   pool must grow), and `peak_hold_s` after that last held (`state.peak_until`); then removed.
+   Consolidating a node mid-peak evicts a warm replica that takes a cold start to replace. A
+   budget found on the pool with no hold remembered (the companion restarted) is held
+   `peak_hold_s` from now rather than dropped mid-peak.
+6. GPU limit guard (`active_hours_utc`): outside the hours, with every workload known, none
+   active, forecast GPUs 0 and no GPU in use on the pool -> `gpu_limit = "0"`, so nothing can
+   launch a GPU node by mistake overnight. Otherwise `gpu_limit = None`: the user's own limit
+   (restored from PREVIOUS_LIMIT_ANNOTATION if the guard had set it), at once when a workload
+   becomes active. Never below what runs: any GPU in use on the pool lifts the guard.
+7. a pool with no workloads mapped to it: no placeholders, no budget, the guard per the hours
+   (rule 6 with nothing to wait for); the caller passes only the NodePools the companion
+   manages.
+
+Reasons are short human strings, for logs and Events.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from scaler.companion.model import (
+    PEAK_BUDGET_REASONS,
+    PREVIOUS_LIMIT_ANNOTATION,
+    CompanionConfig,
+    CompanionState,
+    NodePoolPlan,
+    NodePoolState,
+    Placement,
+    WorkloadDemand,
+)
+
+EPSILON = 1e-9  # a forecast of 2.0000000001 replicas is 2 replicas (float noise, not demand)
+GUARD_LIMIT = "0"
+
+
+@dataclass(frozen=True)
+class _Workload:
+    """One workload on a pool as this pass sees it: placement, plus demand when it is known."""
+
+    placement: Placement
+    demand: WorkloadDemand | None  # None: missing or stale (unknown)
+
+    @property
+    def running_gpus(self) -> int:
+        return self.placement.running_pods * self.placement.gpus_per_replica
+
+    @property
+    def forecast_gpus(self) -> int:
+        assert self.demand is not None
+        replicas = max(self.demand.replicas, ceil_replicas(self.demand.forecast_replicas))
+        return replicas * self.placement.gpus_per_replica
+
+    @property
+    def quiet(self) -> bool:
+        """Known, at zero, not active, nothing forecast, no pod running."""
+        return (
+            self.demand is not None
+            and self.forecast_gpus == 0
+            and not self.demand.active
+            and self.placement.running_pods == 0
+        )
+
+
+def ceil_replicas(forecast: float | None) -> int:
+    """Whole replicas a forecast asks for (0 without one)."""
+    if forecast is None:
+        return 0
+    return max(0, math.ceil(forecast - EPSILON))
+
+
+def merge_demands(demands: Iterable[WorkloadDemand]) -> dict[str, WorkloadDemand]:
+    """One demand per workload: a workload has one decision per trigger, and KEDA scales to the
+    highest. The oldest `at` stands for the merge, so one stale trigger makes it stale."""
+    merged: dict[str, WorkloadDemand] = {}
+    for d in demands:
+        seen = merged.get(d.workload)
+        if seen is None:
+            merged[d.workload] = d
+            continue
+        forecasts = [f for f in (seen.forecast_replicas, d.forecast_replicas) if f is not None]
+        horizons = [h for h in (seen.horizon_s, d.horizon_s) if h is not None]
+        merged[d.workload] = WorkloadDemand(
+            workload=d.workload,
+            at=min(seen.at, d.at),
+            replicas=max(seen.replicas, d.replicas),
+            active=seen.active or d.active,
+            forecast_replicas=max(forecasts) if forecasts else None,
+            horizon_s=max(horizons) if horizons else None,
+        )
+    return merged
+
+
+def in_active_hours(hours: tuple[int, int] | None, now: float) -> bool:
+    """Whether `now` is inside the UTC hours [start, end); a window may wrap midnight (22, 6).
+    No hours, or start == end, means always: the guard must be asked for, never implied."""
+    if hours is None or hours[0] % 24 == hours[1] % 24:
+        return True
+    start, end = hours[0] % 24, hours[1] % 24
+    hour = time.gmtime(now).tm_hour
+    return start <= hour < end if start < end else hour >= start or hour < end
+
+
+def is_peak_budget(budget: object) -> bool:
+    """The companion's budget: nodes "0" for exactly PEAK_BUDGET_REASONS, no schedule."""
+    return (
+        isinstance(budget, dict)
+        and budget.get("nodes") == "0"
+        and isinstance(budget.get("reasons"), list)
+        and sorted(budget["reasons"]) == sorted(PEAK_BUDGET_REASONS)
+        and "schedule" not in budget
+        and "duration" not in budget
+    )
+
+
+def is_guarded(pool: NodePoolState) -> bool:
+    """The guard is on: the limit is 0 and the companion set it (it recorded the user's)."""
+    return pool.gpu_limit == GUARD_LIMIT and PREVIOUS_LIMIT_ANNOTATION in pool.annotations
+
+
+def _fmt(gpus: float) -> str:
+    return f"{gpus:g}"
+
+
+def _plan_pool(
+    pool: NodePoolState,
+    workloads: list[_Workload],
+    config: CompanionConfig,
+    state: CompanionState,
+    now: float,
+    stale_notes: list[str],
+) -> tuple[NodePoolPlan, float | None, float | None]:
+    """One pool's plan, its peak hold (None: none remembered) and the forecast GPUs to remember
+    (None: keep last pass's, because this pass's is partial)."""
+    reasons: list[str] = []
+    known = [w for w in workloads if w.demand is not None]
+    held = len(known) < len(workloads)
+    forecast_gpus = sum(w.forecast_gpus for w in known)
+    running_gpus = sum(w.running_gpus for w in known)
+    budget_now = any(is_peak_budget(b) for b in pool.budgets)
+    outside_hours = not in_active_hours(config.active_hours_utc, now)
+
+    # Rules 1, 3: placeholders for the gap between the forecast and what runs.
+    gap = max(0, forecast_gpus - running_gpus)
+    wanted = math.ceil(gap / max(1, config.placeholder_gpus))
+    placeholders = min(config.max_placeholders, wanted)
+    idle = not held and all(w.quiet for w in workloads)
+    if not workloads:
+        reasons.append("no workloads mapped to this NodePool")
+    elif idle:
+        reasons.append("idle: every workload at zero with nothing forecast; scale to zero")
+    else:
+        capped = f" (capped at {config.max_placeholders})" if wanted > placeholders else ""
+        reasons.append(
+            f"forecast {_fmt(forecast_gpus)} GPUs, {running_gpus} running: "
+            f"{placeholders} placeholder(s){capped}"
+        )
+    if held:
+        reasons.extend(stale_notes)
+        current = pool.placeholders or 0
+        if current > placeholders:
+            placeholders = min(config.max_placeholders, current)
+            reasons.append(f"demand unknown: holding {placeholders} placeholder(s)")
+
+    # Rule 5: peak budget.
+    until = state.peak_until.get(pool.name)
+    if until is None and budget_now:
+        until = now + config.peak_hold_s
+        reasons.append("peak budget found with no hold remembered: holding it")
+    last = state.last_forecast_gpus.get(pool.name)
+    rising = last is not None and forecast_gpus > last + config.peak_rise_fraction * pool.ready_gpus
+    grow = forecast_gpus > pool.ready_gpus
+    if idle or not workloads:
+        peak = False
+        until = None if until is None else min(until, now)
+    else:
+        if rising or grow:
+            until = now + config.peak_hold_s
+            why = (
+                f"rising {_fmt(last or 0)} -> {_fmt(forecast_gpus)} GPUs"
+                if rising
+                else (f"forecast {_fmt(forecast_gpus)} > {pool.ready_gpus} ready GPUs")
+            )
+            reasons.append(f"peak: {why}; budget held {config.peak_hold_s:g}s")
+        peak = until is not None and now < until
+        if held and budget_now and not peak:
+            peak = True
+            reasons.append("demand unknown: keeping the peak budget")
+        elif budget_now and not peak:
+            reasons.append("peak over: removing the budget")
+
+    # Rule 6: GPU limit guard.
+    guard = False
+    if outside_hours:
+        busy = [w.placement.workload for w in known if not w.quiet]
+        if pool.running_gpus > 0:
+            reasons.append(f"outside active hours but {pool.running_gpus} GPU(s) in use: no guard")
+        elif busy:
+            reasons.append(f"outside active hours but {busy[0]} wants capacity: no guard")
+        elif held:
+            guard = is_guarded(pool)
+            if guard:
+                reasons.append("demand unknown: keeping the GPU limit guard")
+        else:
+            guard = True
+            reasons.append("outside active hours and idle: GPU limit 0")
+    if is_guarded(pool) and not guard:
+        reasons.append("lifting the GPU limit guard: restoring the user's limit")
+    nodepool_plan = NodePoolPlan(
+        nodepool=pool.name,
+        placeholders=placeholders,
+        peak_budget=peak,
+        gpu_limit=GUARD_LIMIT if guard else None,
+        forecast_gpus=float(forecast_gpus),
+        reasons=tuple(reasons),
+        held=held,
+    )
+    return nodepool_plan, until, None if held else float(forecast_gpus)
+
+
+def plan(
+    demands: Sequence[WorkloadDemand],
+    placements: Sequence[Placement],
+    pools: Sequence[NodePoolState],
+    config: CompanionConfig,
+    state: CompanionState,
+    now: float,
+) -> tuple[list[NodePoolPlan], CompanionState]:
+    """One plan per NodePool in `pools`, sorted by name, and the state for the next pass.
+
+    Placements on a NodePool not in `pools` are ignored (the caller already reported them);
+    demands of workloads with no placement are ignored (nothing to place).
+    """
+    merged = merge_demands(demands)
+    last_demand_at = {w: at for w, at in state.last_demand_at.items()}
+    by_pool: dict[str, list[_Workload]] = {}
+    notes: dict[str, list[str]] = {}
+    for p in sorted(placements, key=lambda p: p.workload):
+        demand = merged.get(p.workload)
+        note = None
+        if demand is None:
+            seen = last_demand_at.get(p.workload)
+            ago = "never seen" if seen is None else f"last seen {now - seen:.0f}s ago"
+            note = f"no decision for {p.workload} ({ago}): holding"
+        elif now - demand.at > config.stale_after_s:
+            note = (
+                f"decision for {p.workload} is {now - demand.at:.0f}s old "
+                f"(limit {config.stale_after_s:g}s): holding"
+            )
+            demand = None
+        else:
+            last_demand_at[p.workload] = demand.at
+        by_pool.setdefault(p.nodepool, []).append(_Workload(p, demand))
+        if note is not None:
+            notes.setdefault(p.nodepool, []).append(note)
+
+    plans: list[NodePoolPlan] = []
+    peak_until: dict[str, float] = {}
+    last_forecast: dict[str, float] = {}
+    for pool in sorted(pools, key=lambda p: p.name):
+        pool_plan, until, forecast = _plan_pool(
+            pool, by_pool.get(pool.name, []), config, state, now, notes.get(pool.name, [])
+        )
+        plans.append(pool_plan)
+        if until is not None:
+            peak_until[pool.name] = until
+        if forecast is not None:
+            last_forecast[pool.name] = forecast
+        elif pool.name in state.last_forecast_gpus:
+            last_forecast[pool.name] = state.last_forecast_gpus[pool.name]
+    placed = {p.workload for p in placements}
+    next_state = CompanionState(
+        peak_until=peak_until,
+        last_forecast_gpus=last_forecast,
+        last_demand_at={w: at for w, at in sorted(last_demand_at.items()) if w in placed},
+    )
+    return plans, next_state
