@@ -229,7 +229,13 @@ def decide(
     # The window remembers the steady need (without a backlog's drain), so the replicas a
     # drain keeps busy go once the queue is gone, not a whole window later.
     lasting = max(0, math.ceil(required.steady - EPSILON))
-    recent = _window_max_push(state.recent, at, lasting, at - spec.scale_down_stabilization_s)
+    recent = state.recent
+    if state.first_at is None and signal.ready_pods:
+        # A fresh state has no window behind it: like the HPA, which seeds its recommendation
+        # window with the current replicas, it holds the fleet it finds for one window instead
+        # of scaling a warm fleet down on its first tick (a restart without history).
+        recent = ((at, signal.ready_pods),)
+    recent = _window_max_push(recent, at, lasting, at - spec.scale_down_stabilization_s)
     busy = bool(signal.busy)
     last_busy = at if busy else state.last_busy_at
     first_at = state.first_at if state.first_at is not None else at

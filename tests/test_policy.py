@@ -465,6 +465,25 @@ def test_a_cold_start_queue_is_not_asked_for_twice() -> None:
     assert queue_terms, "the queue term (with replicas on their way) set the need"
 
 
+def test_a_fresh_state_holds_the_fleet_it_finds_for_one_window() -> None:
+    # A scaler restarted without history finds 29 ready replicas and a light load. Like the HPA,
+    # which seeds its window with the current replicas, it keeps them for one stabilization
+    # window instead of dropping a warm fleet to 1 on its first tick; then the window decides.
+    spec = make_spec(scaleDownStabilizationSeconds=300)
+    state, targets = PolicyState(), {}
+    for second in range(0, 400, 10):
+        at = T0 + second
+        signal = Signal(at=at, source="t", running=6.0, waiting=0.0, ready_pods=29)
+        decision, state = decide(spec, signal, state, at, STALE)
+        assert decision is not None
+        targets[second] = decision.replicas
+    assert targets[0] == 29 and targets[290] == 29
+    assert targets[310] == 1  # 6 in flight / 8 per replica
+    # Without a ready count there is nothing to hold: the need alone.
+    blind, _ = decide(spec, sig(T0, 6.0), PolicyState(), T0, STALE)
+    assert blind is not None and blind.replicas == 1
+
+
 def test_a_queue_that_does_not_shrink_is_not_read_as_draining_on_a_lagging_rate() -> None:
     # 16 closed-loop clients on one replica whose server batches 2 (S = 0.47 s): 2 run, 14 wait,
     # and it completes 4.3 req/s. The arrival counter's rate is a minute's average, so for a
