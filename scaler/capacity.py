@@ -31,11 +31,13 @@ replica asked now can serve, instead of as concurrency now:
   (`queueTimeSloSeconds`, else one S); the rest (what builds up during a cold start, or what the
   replicas on their way leave) within one more horizon. At least the busy replicas while a
   queue drains, and at least the replicas on their way while the queue they will meet is not
-  empty. It replaces
-  `concurrency` (and `queue_slo`). A reactive queue metric counts every queued request as a slot
-  needed now; during a cold start the queue keeps growing, so it asks again and again for work
-  the replicas already on their way will drain, then holds the excess through the scale-down
-  window: a sawtooth at several times the GPU-hours. Without an S that holds under load
+  empty. Whether the fleet drains its queue is read from the arrival rate against its
+  throughput, and checked against the queue itself: a queue seen not to shrink at an unchanged
+  ready count is not draining, however low a lagging counter rate reads (`arrivals_seen`). It
+  replaces `concurrency` (and `queue_slo`). A reactive queue metric counts every queued request
+  as a slot needed now; during a cold start the queue keeps growing, so it asks again and again
+  for work the replicas already on their way will drain, then holds the excess through the
+  scale-down window: a sawtooth at several times the GPU-hours. Without an S that holds under load
   (`loaded_service_time`) the concurrency term stands.
 """
 
