@@ -1,6 +1,7 @@
 """Checks of the Kubernetes material under deploy/: schemas, wiring, and the settings that matter.
 
-Every object under deploy/base and deploy/examples is validated strictly (unknown fields fail):
+Every object under deploy/base, deploy/examples, deploy/companion and deploy/karpenter is validated
+strictly (unknown fields fail):
 built-in kinds with kubernetes_validate, custom resources against the upstream CRDs in deploy/crds
 (see k8s_schema.py). The other tests check what a schema cannot: that the pieces point at each
 other and that the hardening and scaling settings are the intended ones.
@@ -9,6 +10,7 @@ other and that the hardening and scaling settings are the intended ones.
 from __future__ import annotations
 
 import copy
+import re
 import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -27,6 +29,10 @@ DEPLOY = k8s_schema.REPO_ROOT / "deploy"
 BASE = DEPLOY / "base"
 EXAMPLES = DEPLOY / "examples"
 KUSTOMIZATION = BASE / "kustomization.yaml"
+COMPANION = DEPLOY / "companion"
+COMPANION_KUSTOMIZATION = COMPANION / "kustomization.yaml"
+PLACEHOLDER_TEMPLATE = COMPANION / "placeholder-template.yaml"
+KARPENTER = DEPLOY / "karpenter"
 
 CORE_KINDS = {
     "Namespace",
@@ -37,8 +43,11 @@ CORE_KINDS = {
     "Deployment",
     "Service",
     "PodDisruptionBudget",
+    "PriorityClass",
+    "Role",
+    "RoleBinding",
 }
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
 EXTERNAL_TRIGGERS = {"external", "external-push"}
 # The oldest Kubernetes the manifests target, and the newest kubernetes_validate ships.
 K8S_VERSIONS = sorted({k8s_schema.K8S_VERSION, kubernetes_validate.latest_version()})
@@ -50,7 +59,11 @@ def _yaml_files(directory: Path) -> list[Path]:
 
 BASE_FILES = [p for p in _yaml_files(BASE) if p != KUSTOMIZATION]
 EXAMPLE_FILES = _yaml_files(EXAMPLES)
-OBJECTS = k8s_schema.load_yaml_documents(BASE_FILES + EXAMPLE_FILES)
+COMPANION_FILES = [p for p in _yaml_files(COMPANION) if p != COMPANION_KUSTOMIZATION]
+KARPENTER_FILES = _yaml_files(KARPENTER)
+OBJECTS = k8s_schema.load_yaml_documents(
+    BASE_FILES + EXAMPLE_FILES + COMPANION_FILES + KARPENTER_FILES
+)
 
 
 def _id(entry: tuple[Path, int, dict[str, Any]]) -> str:
@@ -179,7 +192,11 @@ def test_crds_are_documented_and_licensed() -> None:
 def test_every_object_has_a_schema_kind_we_expect() -> None:
     kinds = {obj["kind"] for _, _, obj in CORE_OBJECTS}
     assert kinds == CORE_KINDS
-    assert {obj["kind"] for _, _, obj in CUSTOM_OBJECTS} == {"ScaledObject"}
+    assert {obj["kind"] for _, _, obj in CUSTOM_OBJECTS} == {
+        "ScaledObject",
+        "NodePool",
+        "EC2NodeClass",
+    }
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -424,7 +441,7 @@ def test_rbac_is_least_privilege() -> None:
             "namespace": account["namespace"],
         }
     ]
-    kinds = [obj["kind"] for _, _, obj in OBJECTS]
+    kinds = [obj["kind"] for _, _, obj in _base_objects()]
     assert "Role" not in kinds
     assert "RoleBinding" not in kinds
 
@@ -508,3 +525,267 @@ def test_example_trigger_metadata_parses_with_scaler_schema() -> None:
             resolve(trigger_spec, config)
             checked += 1
     assert checked == 4
+
+
+# --- the Karpenter companion (deploy/companion) ---------------------------------------------------
+
+
+def _under(directory: Path) -> list[tuple[Path, int, dict[str, Any]]]:
+    return [entry for entry in OBJECTS if entry[0].is_relative_to(directory)]
+
+
+def _companion_objects() -> list[tuple[Path, int, dict[str, Any]]]:
+    """What `kubectl apply -k deploy/companion` applies: not the placeholder template."""
+    return [entry for entry in _under(COMPANION) if entry[0] != PLACEHOLDER_TEMPLATE]
+
+
+def _placeholder_template() -> dict[str, Any]:
+    return _only("Deployment", _under(PLACEHOLDER_TEMPLATE))
+
+
+def _companion_container() -> dict[str, Any]:
+    containers = _only("Deployment", _companion_objects())["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def _companion_args() -> Any:
+    from scaler.cli import parser
+
+    args = _companion_container()["args"]
+    assert args[0] == "companion"
+    return parser().parse_args(args)  # exits (SystemExit) on a flag the CLI does not have
+
+
+def test_companion_kustomization_lists_its_files_but_not_the_placeholder_template() -> None:
+    kustomization = yaml.safe_load(COMPANION_KUSTOMIZATION.read_text(encoding="utf-8"))
+    base = yaml.safe_load(KUSTOMIZATION.read_text(encoding="utf-8"))
+    assert kustomization["kind"] == "Kustomization"
+    assert kustomization["namespace"] == base["namespace"]
+    assert kustomization["labels"] == base["labels"]
+    assert "commonLabels" not in kustomization
+    resources = kustomization["resources"]
+    assert len(resources) == len(set(resources))
+    present = {str(p.relative_to(COMPANION)) for p in COMPANION_FILES}
+    assert set(resources) == present - {PLACEHOLDER_TEMPLATE.name}
+
+
+def test_companion_objects_live_in_the_scaler_namespace() -> None:
+    namespace = yaml.safe_load(COMPANION_KUSTOMIZATION.read_text(encoding="utf-8"))["namespace"]
+    for _, _, obj in _under(COMPANION):
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
+        else:
+            assert obj["metadata"].get("namespace") == namespace, obj["metadata"]["name"]
+    assert _companion_args().namespace == namespace
+
+
+def test_companion_rbac_grants_exactly_what_it_uses() -> None:
+    grants: dict[tuple[str, str, str], set[str]] = {}
+    for kind in ("ClusterRole", "Role"):
+        role = _only(kind, _companion_objects())
+        for rule in role["rules"]:
+            assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, rule
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    verbs = grants.setdefault((kind, group, resource), set())
+                    verbs.update(rule["verbs"])
+        binding = _only(f"{kind}Binding", _companion_objects())
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": kind,
+            "name": role["metadata"]["name"],
+        }
+        account = _only("ServiceAccount", _companion_objects())["metadata"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+        ]
+    assert grants == {
+        ("ClusterRole", "karpenter.sh", "nodepools"): {"get", "list", "watch", "patch"},
+        ("ClusterRole", "", "nodes"): {"get", "list"},
+        ("ClusterRole", "", "pods"): {"list"},
+        ("ClusterRole", "keda.sh", "scaledobjects"): {"get", "list"},
+        ("ClusterRole", "apps", "deployments"): {"get", "list"},
+        ("ClusterRole", "", "events"): {"create", "patch"},
+        ("Role", "apps", "deployments"): {"create", "patch"},
+        ("Role", "coordination.k8s.io", "leases"): {"get", "create", "update"},
+    }
+    for (_, group, resource), verbs in grants.items():
+        assert "*" not in {group, resource, *verbs}
+        assert resource != "secrets"
+    # get/update on the Lease are limited to the companion's own; create cannot be limited.
+    role = _only("Role", _companion_objects())
+    named = [r for r in role["rules"] if "resourceNames" in r]
+    assert named == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [_companion_args().lease_name],
+            "verbs": ["get", "update"],
+        }
+    ]
+
+
+def test_companion_deployment_is_hardened_and_probed_on_its_metrics_port() -> None:
+    deployment = _only("Deployment", _companion_objects())
+    assert deployment["spec"]["replicas"] == 2  # leader election: one acts, one stands by
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= (
+        template["metadata"]["labels"].items()
+    )
+    account = _only("ServiceAccount", _companion_objects())["metadata"]["name"]
+    assert pod["serviceAccountName"] == account
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+    container = _companion_container()
+    assert container["image"] == _scaler_container()["image"]  # same image, `companion` command
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    assert "memory" in container["resources"]["limits"]
+
+    args = _companion_args()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": args.metrics_port}
+    for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = container[probe_name]
+        assert set(probe) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"httpGet"}, probe_name
+        assert probe["httpGet"] == {"path": "/metrics", "port": "metrics"}, probe_name
+
+    # --scaler-url: the scaler's Service, on the port serving /decisions and /metrics.
+    service = _only("Service", _base_objects())
+    metrics_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "metrics")
+    host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert args.scaler_url == f"http://{host}:{metrics_port}"
+    assert args.priority_class == _only("PriorityClass", _companion_objects())["metadata"]["name"]
+
+
+def test_placeholder_priority_class_exists_and_is_below_every_real_pod() -> None:
+    template = _placeholder_template()
+    name = template["spec"]["template"]["spec"]["priorityClassName"]
+    [priority_class] = [
+        obj
+        for _, _, obj in OBJECTS
+        if obj["kind"] == "PriorityClass" and obj["metadata"]["name"] == name
+    ]
+    assert priority_class["value"] < 0
+    assert priority_class["preemptionPolicy"] == "Never"
+    assert priority_class["globalDefault"] is False
+    labels = template["spec"]["template"]["metadata"]["labels"]
+    from scaler.companion.model import MANAGED_BY, MANAGED_BY_LABEL
+
+    assert labels[MANAGED_BY_LABEL] == MANAGED_BY
+    assert template["spec"]["replicas"] == 0
+
+
+def test_placeholder_template_is_what_the_companion_creates() -> None:
+    from scaler.companion.patches import placeholder_deployment
+
+    template = _placeholder_template()
+    args = _companion_args()
+    pool = template["spec"]["template"]["spec"]["nodeSelector"]["karpenter.sh/nodepool"]
+    assert template == placeholder_deployment(
+        pool,
+        0,
+        args.placeholder_gpus,
+        args.namespace,
+        args.priority_class,
+        args.placeholder_image,
+        args.placeholder_toleration_key,
+    )
+
+
+# --- example Karpenter NodePools and EC2NodeClass (deploy/karpenter) ------------------------------
+
+
+def _nodepools() -> dict[str, dict[str, Any]]:
+    return {
+        obj["metadata"]["name"]: obj for _, _, obj in _under(KARPENTER) if obj["kind"] == "NodePool"
+    }
+
+
+def _seconds(duration: str) -> int:
+    """A Karpenter duration ("60s", "1h30m") in seconds."""
+    assert re.fullmatch(r"([0-9]+[smh])+", duration), duration
+    unit = {"s": 1, "m": 60, "h": 3600}
+    return sum(int(n) * unit[u] for n, u in re.findall(r"([0-9]+)([smh])", duration))
+
+
+def _tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
+    """The scheduler's toleration match for one taint."""
+    for t in tolerations:
+        if t.get("effect") not in (None, "", taint["effect"]):
+            continue
+        if t.get("operator", "Equal") == "Exists":
+            if t.get("key") in (None, "", taint["key"]):
+                return True
+        elif t.get("key") == taint["key"] and t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def test_gpu_nodepools_consolidate_when_empty_taint_gpus_and_cap_them() -> None:
+    from scaler.companion.model import GPU_RESOURCE
+
+    pools = _nodepools()
+    assert set(pools) == {"gpu-spot", "gpu-on-demand"}
+    [node_class] = [obj for _, _, obj in _under(KARPENTER) if obj["kind"] == "EC2NodeClass"]
+    tolerations = _placeholder_template()["spec"]["template"]["spec"]["tolerations"]
+    for name, pool in pools.items():
+        spec = pool["spec"]
+        disruption = spec["disruption"]
+        assert disruption["consolidationPolicy"] == "WhenEmpty", name
+        assert 0 < _seconds(disruption["consolidateAfter"]) <= 300, name
+        assert disruption["budgets"] == [{"nodes": "10%"}], name
+        node = spec["template"]["spec"]
+        taints = node["taints"]
+        assert {"key": GPU_RESOURCE, "value": "true", "effect": "NoSchedule"} in taints, name
+        for taint in taints:  # placeholders fit either pool
+            assert _tolerates(tolerations, taint), (name, taint)
+        assert int(spec["limits"][GPU_RESOURCE]) > 0, name
+        assert "cpu" in spec["limits"], name
+        assert node["nodeClassRef"] == {
+            "group": "karpenter.k8s.aws",
+            "kind": "EC2NodeClass",
+            "name": node_class["metadata"]["name"],
+        }, name
+        requirements = {r["key"]: r for r in node["requirements"]}
+        assert len(requirements) == len(node["requirements"]), name
+        assert requirements["karpenter.k8s.aws/instance-gpu-manufacturer"]["values"] == ["nvidia"]
+        for requirement in node["requirements"]:  # CEL rules jsonschema cannot run
+            assert requirement["operator"] != "In" or requirement["values"], (name, requirement)
+            assert requirement["key"] not in ("karpenter.sh/nodepool", "kubernetes.io/hostname")
+    capacity = {
+        name: pool["spec"]["template"]["spec"]["requirements"] for name, pool in pools.items()
+    }
+    assert {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]} in (
+        capacity["gpu-spot"]
+    )
+    assert {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]} in (
+        capacity["gpu-on-demand"]
+    )
+    # Karpenter tries the higher weight first: Spot, then the on-demand fallback.
+    assert pools["gpu-spot"]["spec"]["weight"] > pools["gpu-on-demand"]["spec"]["weight"]
+    # The placeholders warm a pool that exists.
+    selector = _placeholder_template()["spec"]["template"]["spec"]["nodeSelector"]
+    assert selector["karpenter.sh/nodepool"] in pools
+
+
+def test_ec2nodeclass_meets_the_rules_its_crd_checks_with_cel() -> None:
+    [node_class] = [obj for _, _, obj in _under(KARPENTER) if obj["kind"] == "EC2NodeClass"]
+    spec = node_class["spec"]
+    assert ("role" in spec) != ("instanceProfile" in spec)
+    [term] = spec["amiSelectorTerms"]  # an alias must be the only term, alone in it
+    assert set(term) == {"alias"}
+    assert re.fullmatch(r"(al2023|bottlerocket)@.+", term["alias"])
+    assert "amiFamily" not in spec
+    roots = [m for m in spec["blockDeviceMappings"] if m.get("rootVolume")]
+    assert len(roots) == 1
+    assert int(roots[0]["ebs"]["volumeSize"].removesuffix("Gi")) >= 200  # images and weights
+    for key in ("subnetSelectorTerms", "securityGroupSelectorTerms"):
+        assert spec[key] and all(term.get("tags") for term in spec[key]), key
