@@ -242,6 +242,7 @@ def _bench_replay(args: argparse.Namespace) -> int:
             compress=args.compress,
             full_stack=args.full_stack,
             speedup=args.speedup,
+            companion=args.companion,
         )
     )
 
@@ -497,6 +498,13 @@ def parser() -> argparse.ArgumentParser:
         default=5.0,
         metavar="X",
         help="--full-stack: trace seconds per wall second, 1 to 10 (default %(default)s)",
+    )
+    rp.add_argument(
+        "--companion",
+        action="store_true",
+        help="also run the scaler with forecast=on, alone (scaler+forecast) and with the "
+        "Karpenter companion pre-warming nodes with placeholder pods (scaler+prewarm): "
+        "node-hours, replica start and scale-from-zero latency with and without pre-warm",
     )
     rp.add_argument("--json", action="store_true", help="one JSON object")
     rp.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")

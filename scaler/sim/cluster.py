@@ -12,6 +12,12 @@ node) new nodes. A scale-down deletes pods in the ReplicaSet controller's order 
 then not ready, then ready pods on nodes with more replicas of the set, newest first); a deleted
 ready pod stops receiving requests and drains its running ones for up to the termination grace
 period, then anything left is dropped.
+
+Placeholders (`set_placeholders`, the companion's pre-warm): negative-priority pause pods of one
+GPU each. They bind like pods (free GPUs, else Karpenter launches nodes for them), hold their
+node against consolidation, and a real pod that finds no free GPU preempts one (ready nodes
+first); the preempted placeholder pends again, so Karpenter launches a node for it, as with real
+overprovisioning. Kept apart from `pods` so that with none the cluster runs exactly as without.
 """
 
 from __future__ import annotations
@@ -46,11 +52,19 @@ class Pod:
 
 
 @dataclass
+class Placeholder:
+    id: int
+    created_at: float
+    node: int | None = None  # None: pending
+
+
+@dataclass
 class Node:
     id: int
     launched_at: float
     ready_at: float
     pods: set[int] = field(default_factory=set)
+    holders: set[int] = field(default_factory=set)  # placeholders bound here
     empty_since: float | None = None
     terminated_at: float | None = None
 
@@ -75,6 +89,10 @@ class Cluster:
         self.gpu_seconds = 0.0
         self.zero_node_seconds = 0.0
         self.dropped_by_kill = 0
+        self.placeholders: dict[int, Placeholder] = {}
+        self._next_placeholder = 0
+        # (created_at, ready_at) of every pod that became ready in `tick` (warm pods excluded).
+        self.starts: list[tuple[float, float]] = []
 
     # --- the Deployment -----------------------------------------------------------------------
 
@@ -98,6 +116,28 @@ class Cluster:
     def draining(self) -> IntArray:
         ids = sorted(p.id for p in self.pods.values() if p.phase is Phase.DRAINING)
         return np.asarray(ids, dtype=np.int64)
+
+    def set_placeholders(self, at: float, n: int) -> None:
+        """Want `n` placeholder pods: new ones bind at the next tick; fewer removes pending ones
+        first, then those on the nodes with the fewest real pods, a node at a time (so those
+        nodes can empty and be consolidated)."""
+        held = list(self.placeholders.values())
+        if n > len(held):
+            for _ in range(n - len(held)):
+                self.placeholders[self._next_placeholder] = Placeholder(self._next_placeholder, at)
+                self._next_placeholder += 1
+            return
+
+        def order(h: Placeholder) -> tuple[int, int, int, int, int]:
+            if h.node is None:
+                return (0, 0, 0, 0, -h.id)
+            node = self.nodes[h.node]
+            return (1, len(node.pods), len(node.holders), node.id, -h.id)
+
+        for h in sorted(held, key=order)[: len(held) - max(0, n)]:
+            if h.node is not None:
+                self._unbind_placeholder(h, at)
+            del self.placeholders[h.id]
 
     def warm(self, replicas: int, at: float = 0.0) -> None:
         """Start with `replicas` serving on ready nodes (the simulation's warm start)."""
@@ -158,6 +198,7 @@ class Cluster:
         for pod in list(self.pods.values()):
             if pod.phase is Phase.LOADING and pod.ready_at <= at:
                 pod.phase = Phase.READY
+                self.starts.append((pod.created_at, pod.ready_at))
             elif pod.phase is Phase.DRAINING:
                 left = running.get(pod.id, 0)
                 if left == 0 or at >= pod.deadline:
@@ -174,31 +215,67 @@ class Cluster:
 
     def _provision(self, at: float) -> None:
         pending = [p for p in self.pods.values() if p.phase is Phase.PENDING and p.node is None]
+        if pending:
+            pending.sort(key=lambda p: p.id)
+            slots: list[tuple[int, Placeholder | None]] = [(n, None) for n in self._free_slots()]
+            slots += [(h.node, h) for h in self.placeholders.values() if h.node is not None]
+            # Ready nodes first (the pod starts loading now), then nodes still launching; on
+            # each, a free GPU before a placeholder's (preempting costs the placeholder a node).
+            slots.sort(key=lambda s: self._slot_key(s[0], s[1], at))
+            taken = 0
+            while pending and taken < len(slots):
+                (node, holder), pod = slots[taken], pending.pop(0)
+                taken += 1
+                if holder is not None:
+                    self._unbind_placeholder(holder, at)
+                self._bind(pod, node)
+                if self.nodes[node].ready_at <= at:
+                    pod.phase, pod.ready_at = Phase.LOADING, at + self.cfg.model_load_s
+            self._launch_for(at, pending)
+        waiting = sorted(
+            (h for h in self.placeholders.values() if h.node is None), key=lambda h: h.id
+        )
+        if waiting:
+            free = self._free_slots()
+            free.sort(key=lambda n: self._slot_key(n, None, at))
+            while waiting and free:
+                self._bind_placeholder(waiting.pop(0), free.pop(0))
+            self._launch_for(at, waiting)
+
+    def _slot_key(
+        self, node: int, holder: Placeholder | None, at: float
+    ) -> tuple[bool, int, float, int, int]:
+        n = self.nodes[node]
+        return (
+            n.ready_at > at,
+            holder is not None,
+            n.ready_at,
+            node,
+            -1 if holder is None else holder.id,
+        )
+
+    def _launch_for(self, at: float, pending: list[Pod] | list[Placeholder]) -> None:
+        """Karpenter: ceil(pending / GPUs per node) new nodes, within the NodePool's limit."""
         if not pending:
             return
-        pending.sort(key=lambda p: p.id)
-        free = self._free_slots()
-        # Ready nodes first (the pod starts loading now), then nodes still launching.
-        free.sort(key=lambda n: (self.nodes[n].ready_at > at, self.nodes[n].ready_at, n))
-        while pending and free:
-            pod, node = pending.pop(0), free.pop(0)
-            self._bind(pod, node)
-            if self.nodes[node].ready_at <= at:
-                pod.phase, pod.ready_at = Phase.LOADING, at + self.cfg.model_load_s
-        if pending:
-            room = self.cfg.max_nodes - self.live_nodes
-            for _ in range(min(room, math.ceil(len(pending) / self.cfg.node.gpus))):
-                launched = self._launch(at, ready_at=at + self.cfg.node_launch_s)
-                for _ in range(self.cfg.node.gpus):
-                    if not pending:
-                        break
-                    self._bind(pending.pop(0), launched.id)
+        room = self.cfg.max_nodes - self.live_nodes
+        queue: list[Pod | Placeholder] = list(pending)
+        for _ in range(min(room, math.ceil(len(queue) / self.cfg.node.gpus))):
+            launched = self._launch(at, ready_at=at + self.cfg.node_launch_s)
+            for _ in range(self.cfg.node.gpus):
+                if not queue:
+                    break
+                item = queue.pop(0)
+                if isinstance(item, Placeholder):
+                    self._bind_placeholder(item, launched.id)
+                else:
+                    self._bind(item, launched.id)
 
     def _consolidate(self, at: float) -> None:
         for node in self.nodes.values():
             if node.terminated_at is not None:
                 continue
-            if node.pods:
+            if node.pods or node.holders:
                 node.empty_since = None
                 continue
             if node.empty_since is None:
@@ -229,14 +306,28 @@ class Cluster:
         if pod.node is not None:
             node = self.nodes[pod.node]
             node.pods.discard(pod.id)
-            if not node.pods:
+            if not node.pods and not node.holders:
                 node.empty_since = at
         del self.pods[pod.id]
+
+    def _bind_placeholder(self, holder: Placeholder, node: int) -> None:
+        holder.node = node
+        self.nodes[node].holders.add(holder.id)
+        self.nodes[node].empty_since = None
+
+    def _unbind_placeholder(self, holder: Placeholder, at: float) -> None:
+        """Preempted or removed: off its node (which may now be empty), pending again."""
+        assert holder.node is not None
+        node = self.nodes[holder.node]
+        node.holders.discard(holder.id)
+        if not node.pods and not node.holders:
+            node.empty_since = at
+        holder.node = None
 
     def _free_slots(self) -> list[int]:
         """One entry per free GPU on a live node (node ids, repeated)."""
         slots: list[int] = []
         for node in self.nodes.values():
             if node.terminated_at is None:
-                slots += [node.id] * (self.cfg.node.gpus - len(node.pods))
+                slots += [node.id] * (self.cfg.node.gpus - len(node.pods) - len(node.holders))
         return slots

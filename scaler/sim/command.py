@@ -3,7 +3,8 @@
 Why a module of its own: the CLI stays a thin parser, and tests call this with plain arguments.
 matplotlib and tqdm (the `sim` extra) are imported only when plots or a progress bar are asked for.
 With `full_stack` the scaler row goes through the real gRPC server in real time instead
-(`scaler.sim.fullstack`), on a short slice of the trace.
+(`scaler.sim.fullstack`), on a short slice of the trace. With `companion` the scaler also runs
+with forecast=on, alone and with the Karpenter companion pre-warming nodes (`scaler.sim.prewarm`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ReplayOptions:
     metadata: Mapping[str, str] = field(default_factory=dict)
     full_stack: bool = False
     speedup: float = 5.0
+    companion: bool = False
 
 
 FULL_STACK_DURATION_S = 600.0  # trace seconds a full-stack replay takes by default
@@ -107,7 +109,10 @@ def replay(options: ReplayOptions) -> int:
             slo_s=options.slo_s,
             seed=options.seed,
             scaler_metadata=dict(options.metadata),
+            companion=options.companion,
         )
+        if options.companion and options.full_stack:
+            raise ValueError("--companion runs offline only; drop --full-stack")
     except (TraceError, ValueError) as exc:
         print(f"scaler bench replay: {exc}", file=sys.stderr)
         return 2

@@ -4,6 +4,17 @@ Why measures and not just cost: a policy is only cheaper if it serves as well, s
 SLO attainment (share of all requests, dropped ones counting as misses, whose queue wait and TTFT
 are within the SLO) with what it paid (GPU-hours = live nodes x GPUs per node, cold starts
 included; dollars at the node type's on-demand price). Percentiles are over completed requests.
+
+Cold starts, where pre-warm (the companion's row) acts:
+
+- `node_hours`: live node-seconds / 3600 over the trace (what Karpenter bills; GPU-h / GPUs per
+  node);
+- `replica_start_p50_s` / `replica_start_p99_s`: a pod's creation -> ready, over pods created
+  during the trace, i.e. what a scale-up waits (model load on a free GPU, plus the node launch
+  when it needs a new node); NaN/null when no pod was created;
+- `scale_from_zero_s`: mean over scale-from-zero episodes (nothing serving and a request arrives)
+  of first such arrival -> a replica serving, on the step clock; NaN/null with no episode;
+  `scale_from_zero_episodes` counts them (an episode still open at the end is not counted).
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from scaler.sim.prewarm import FORECAST, PREWARM
 from scaler.sim.run import BenchResult, PolicyRun
 
 FULL_STACK = "scaler-fullstack"  # scaler.sim.fullstack's row (named here: no import cycle)
@@ -38,6 +50,11 @@ class Measures:
     scale_events: int
     peak_replicas: int
     peak_nodes: int
+    node_hours: float
+    replica_start_p50_s: float
+    replica_start_p99_s: float
+    scale_from_zero_s: float
+    scale_from_zero_episodes: int
 
 
 def _pct(values: np.ndarray[Any, np.dtype[np.float64]], q: float) -> float:
@@ -68,6 +85,11 @@ def measure(run: PolicyRun, slo_s: float) -> Measures:
         scale_events=run.scale_events,
         peak_replicas=int(run.replicas.max()) if run.replicas.size else 0,
         peak_nodes=int(run.nodes.max()) if run.nodes.size else 0,
+        node_hours=gpu_hours / run.gpus_per_node,
+        replica_start_p50_s=_pct(run.replica_starts_s, 50),
+        replica_start_p99_s=_pct(run.replica_starts_s, 99),
+        scale_from_zero_s=float(run.zero_waits_s.mean()) if run.zero_waits_s.size else math.nan,
+        scale_from_zero_episodes=int(run.zero_waits_s.size),
     )
 
 
@@ -144,20 +166,38 @@ def table(result: BenchResult) -> str:
         )
     columns = (
         f"{'policy':<16}{'SLO wait':>9}{'SLO ttft':>9}{'p50 wait':>9}{'p99 wait':>9}"
-        f"{'p99 ttft':>9}{'GPU-h':>8}{'USD':>8}{'zero-h':>7}{'dropped':>8}{'events':>7}"
-        f"{'peak':>6}"
+        f"{'p99 ttft':>9}{'GPU-h':>8}{'node-h':>7}{'USD':>8}{'zero-h':>7}{'dropped':>8}"
+        f"{'events':>7}{'peak':>6}{'start50':>8}{'start99':>8}{'from0':>7}"
     )
     lines = [head, columns, "-" * len(columns)]
     for m in measures:
         lines.append(
             f"{m.name:<16}{m.slo_attainment:>9.4f}{m.ttft_attainment:>9.4f}"
             f"{m.p50_queue_wait_s:>9.2f}{m.p99_queue_wait_s:>9.2f}{m.p99_ttft_s:>9.2f}"
-            f"{m.gpu_hours:>8.2f}{m.cost_usd:>8.1f}{m.hours_at_zero_nodes:>7.2f}"
-            f"{m.dropped:>8d}{m.scale_events:>7d}{m.peak_replicas:>6d}"
+            f"{m.gpu_hours:>8.2f}{m.node_hours:>7.2f}{m.cost_usd:>8.1f}"
+            f"{m.hours_at_zero_nodes:>7.2f}{m.dropped:>8d}{m.scale_events:>7d}"
+            f"{m.peak_replicas:>6d}{m.replica_start_p50_s:>8.0f}{m.replica_start_p99_s:>8.0f}"
+            f"{_zero(m):>7}"
+        )
+    lines.append(
+        "start50/99: pod created -> ready, s (p50/p99 over pods created in the trace); from0: "
+        "mean s from a request arriving at zero serving replicas to one serving (episodes)"
+    )
+    if any(m.name == PREWARM for m in measures):
+        lines.append(
+            f"{FORECAST} and {PREWARM} run the scaler with forecast=on; {PREWARM} adds the "
+            "Karpenter companion (scaler.companion.plan every 15 s): placeholder pods hold GPUs "
+            "for the forecast q90, so nodes launch ahead and real pods preempt them"
         )
     for note in checks(measures) + result.notes:
         lines.append(f"check: {note}")
     return "\n".join(lines)
+
+
+def _zero(m: Measures) -> str:
+    if not m.scale_from_zero_episodes:
+        return "-"
+    return f"{m.scale_from_zero_s:.0f}({m.scale_from_zero_episodes})"
 
 
 def plot(result: BenchResult, directory: str | Path) -> list[Path]:

@@ -14,6 +14,10 @@ cluster that was already running (the scaler's engine replays Prometheus history
 reason). After the trace ends the run keeps serving (unbilled) for up to `drain_s` so requests in
 flight finish; whatever is still queued or running then counts as dropped. Billing covers the
 trace's span.
+
+With `SimConfig.companion` two rows follow the scaler's: `scaler+forecast` (the scaler with
+forecast=on) and `scaler+prewarm` (the same plus the Karpenter companion's placeholders,
+`scaler.sim.prewarm`), so the effect of the forecast and of the pre-warm each show.
 """
 
 from __future__ import annotations
@@ -42,11 +46,13 @@ from scaler.sim.policies import (
     replica_slots,
     scaler_metadata,
 )
+from scaler.sim.prewarm import FORECAST, PREWARM, Prewarm, with_forecast
 from scaler.sim.profiles import Profile, ServiceProfile
 from scaler.sim.workload import Requests
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
+ROWS = ("always-on", "hpa-gpu-util", "keda-prometheus", "scaler", FORECAST, PREWARM, "oracle")
 Progress = Callable[[int], None]
 
 
@@ -70,6 +76,9 @@ class SimConfig:
     max_replicas: int | None = None  # default: twice the always-on fleet
     scaler_metadata: Mapping[str, str] = field(default_factory=dict)  # extra trigger keys
     policies: tuple[str, ...] = NAMES
+    # Also run the scaler with forecast=on, alone and with the Karpenter companion pre-warming
+    # nodes (rows scaler+forecast and scaler+prewarm; scaler.sim.prewarm).
+    companion: bool = False
 
     @property
     def model_load_s(self) -> float:
@@ -100,6 +109,10 @@ class PolicyRun:
     gpus_per_node: int
     usd_per_node_hour: float
     notes: list[str] = field(default_factory=list)
+    # creation -> ready of each pod created during the trace (what a scale-up waits)
+    replica_starts_s: FloatArray = field(default_factory=lambda: np.zeros(0))
+    # first arrival at zero serving replicas -> a replica serving, per scale-from-zero episode
+    zero_waits_s: FloatArray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def queue_wait_s(self) -> FloatArray:
@@ -156,6 +169,8 @@ class Simulation:
         )
         self.cluster.warm(initial_replicas, -self.pre_s)
         self.series = np.zeros((4, self.max_steps), dtype=np.int64)
+        self.zero_waits: list[float] = []
+        self._zero_from: float | None = None  # first arrival while nothing serves
         self.events = 0
         self.k = 0  # the next step
         self.done = False
@@ -175,7 +190,23 @@ class Simulation:
         billed = self.pre_steps <= self.k < self.pre_steps + self.trace_steps
         killed = cluster.tick(t, self.dt if billed else 0.0, running)
         fleet.kill(killed)
-        return t + self.dt, fleet.step(t, cluster.serving())
+        serving = cluster.serving()
+        if t >= 0.0:
+            self._watch_zero(t, serving.size)
+        return t + self.dt, fleet.step(t, serving)
+
+    def _watch_zero(self, t: float, serving: int) -> None:
+        """Scale-from-zero episodes on the step clock: a request arriving in [t, t + dt) with
+        nothing serving opens one; the first step with a replica serving closes it."""
+        if serving:
+            if self._zero_from is not None:
+                self.zero_waits.append(t - self._zero_from)
+                self._zero_from = None
+        elif self._zero_from is None:
+            arrivals = self.requests.arrivals_s
+            i = int(np.searchsorted(arrivals, t, side="left"))
+            if i < arrivals.size and arrivals[i] < t + self.dt:
+                self._zero_from = float(arrivals[i])
 
     def apply(self, at: float, wanted: int | None, stats: StepStats) -> None:
         """The policy's answer after step k (at its end, `at`); then the next step."""
@@ -207,6 +238,8 @@ class Simulation:
                 f"{self.replay.count} requests"
             )
         measured = slice(self.n_pre, None)
+        starts = np.asarray(self.cluster.starts, dtype=np.float64).reshape(-1, 2)
+        created = (starts[:, 0] >= 0.0) & (starts[:, 0] < self.requests.duration_s)
         kept = slice(self.pre_steps, max(self.k, self.pre_steps))
         return PolicyRun(
             name=name,
@@ -224,6 +257,8 @@ class Simulation:
             waiting=self.series[3, kept],
             gpus_per_node=cfg.profile.node.gpus,
             usd_per_node_hour=cfg.profile.node.on_demand_usd_per_hour,
+            replica_starts_s=starts[created, 1] - starts[created, 0],
+            zero_waits_s=np.asarray(self.zero_waits, dtype=np.float64),
         )
 
 
@@ -339,7 +374,9 @@ def run_bench(
             continue
         start = peak if name == "always-on" else initial
         runs[name] = simulate(factories[name](), requests, cfg, start, progress)
-    ordered = [runs[name] for name in NAMES if name in runs]
+    for name, make in companion_rows(cfg, metadata).items():
+        runs[name] = simulate(make(), requests, cfg, initial, progress)
+    ordered = [runs[name] for name in ROWS if name in runs]
     return BenchResult(
         trace=requests.name,
         scale=scale,
@@ -357,9 +394,23 @@ def run_bench(
     )
 
 
+def companion_rows(cfg: SimConfig, metadata: Mapping[str, str]) -> dict[str, Callable[[], Policy]]:
+    """The companion mode's rows: the scaler with forecast=on, without then with the companion;
+    the first is left out when the plain scaler row already forecasts (it would repeat it)."""
+    if not cfg.companion:
+        return {}
+    forecasting = {**metadata, "forecast": "on"}
+    rows: dict[str, Callable[[], Policy]] = {}
+    if metadata.get("forecast") != "on" or "scaler" not in cfg.policies:
+        rows[FORECAST] = lambda: with_forecast(ScalerPolicy(forecasting))
+    rows[PREWARM] = lambda: Prewarm(ScalerPolicy(forecasting))
+    return rows
+
+
 def total_steps(requests: Requests, cfg: SimConfig) -> int:
     """Steps a full bench may take (for a progress bar): every policy, the oracle's refinements."""
     pre = math.ceil(min(cfg.warm_window_s, requests.duration_s) / cfg.dt)
     per_run = pre + math.ceil(requests.duration_s / cfg.dt) + math.ceil(cfg.drain_s / cfg.dt)
     runs = len(cfg.policies) + (cfg.oracle_iterations if "oracle" in cfg.policies else 0)
+    runs += 2 if cfg.companion else 0
     return per_run * runs

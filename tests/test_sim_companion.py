@@ -1,0 +1,208 @@
+"""The companion in the simulator: placeholder pods in the cluster, the companion mode's rows,
+the cold-start measures (node-hours, replica start, scale from zero)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scaler import cli
+from scaler.companion.model import CompanionConfig
+from scaler.sim.cluster import Cluster, ClusterConfig
+from scaler.sim.fleet import Fleet, StepStats
+from scaler.sim.policies import ScalerPolicy
+from scaler.sim.prewarm import FORECAST, PREWARM, Prewarm, with_forecast
+from scaler.sim.profiles import P4D_24XLARGE, get_profile
+from scaler.sim.report import measure, table, to_json
+from scaler.sim.run import BenchResult, PolicyRun, SimConfig, Simulation, run_bench, simulate
+from scaler.sim.workload import Requests, build_requests
+from scaler.traces import load_trace
+
+TRACE = (
+    Path(__file__).resolve().parent.parent
+    / "bench/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
+)
+LAUNCH, LOAD = 120.0, 60.0
+
+
+def _cluster() -> Cluster:
+    return Cluster(ClusterConfig(P4D_24XLARGE, LAUNCH, LOAD, consolidate_after_s=60.0))
+
+
+def _run(cluster: Cluster, start: float, end: float) -> None:
+    t = start
+    while t < end:
+        cluster.tick(t, 1.0, {})
+        t += 1.0
+
+
+def _bound(cluster: Cluster) -> int:
+    return sum(1 for h in cluster.placeholders.values() if h.node is not None)
+
+
+def test_placeholders_launch_a_node_ahead_so_a_replica_waits_only_for_its_model() -> None:
+    cold, warm = _cluster(), _cluster()
+    warm.set_placeholders(0.0, 1)
+    _run(warm, 0.0, 200.0)
+    assert warm.live_nodes == 1 and _bound(warm) == 1  # held: not consolidated while empty
+    for cluster in (cold, warm):
+        cluster.scale_to(200.0, 1)
+        _run(cluster, 200.0, 400.0)
+    assert cold.starts == [(200.0, 200.0 + LAUNCH + LOAD)]
+    assert warm.starts == [(200.0, 200.0 + LOAD)]
+
+
+def test_a_real_pod_preempts_a_placeholder_which_pends_and_gets_a_node() -> None:
+    cluster = _cluster()
+    gpus = P4D_24XLARGE.gpus
+    cluster.scale_to(0.0, gpus - 1)
+    cluster.set_placeholders(0.0, 1)
+    _run(cluster, 0.0, 200.0)
+    assert cluster.live_nodes == 1 and cluster.ready == gpus - 1 and _bound(cluster) == 1
+    first = next(iter(cluster.nodes.values()))
+    cluster.scale_to(200.0, gpus)  # the node is full: the new pod takes the placeholder's GPU
+    cluster.tick(200.0, 1.0, {})
+    newest = max(cluster.pods.values(), key=lambda p: p.id)
+    assert newest.node == first.id and newest.ready_at == 200.0 + LOAD
+    (holder,) = cluster.placeholders.values()
+    assert holder.node is not None and holder.node != first.id  # re-pended, Karpenter launched
+    assert cluster.live_nodes == 2 and cluster.nodes[holder.node].ready_at == 200.0 + LAUNCH
+
+
+def test_fewer_placeholders_free_pending_ones_then_the_least_used_node() -> None:
+    cluster = _cluster()
+    gpus = P4D_24XLARGE.gpus
+    cluster.scale_to(0.0, 2)
+    cluster.set_placeholders(0.0, gpus)  # 6 beside the pods, 2 on a second node
+    _run(cluster, 0.0, 10.0)
+    assert cluster.live_nodes == 2 and _bound(cluster) == gpus
+    cluster.set_placeholders(10.0, gpus + 3)  # 3 pending for a moment...
+    cluster.set_placeholders(10.0, gpus - 2)  # ...go first, then the node with no real pod
+    assert _bound(cluster) == gpus - 2 and len(cluster.placeholders) == gpus - 2
+    empty = [n for n in cluster.nodes.values() if not n.pods and not n.holders]
+    assert len(empty) == 1
+    _run(cluster, 10.0, 10.0 + LAUNCH + 61.0)
+    assert cluster.live_nodes == 1  # consolidated once ready and empty for consolidateAfter
+    cluster.set_placeholders(200.0, 0)
+    assert not cluster.placeholders and all(not n.holders for n in cluster.nodes.values())
+
+
+def _same(a: PolicyRun, b: PolicyRun) -> None:
+    for field in ("admit_t", "first_token_t", "finish_t", "replicas", "ready", "nodes"):
+        assert np.array_equal(getattr(a, field), getattr(b, field), equal_nan=True), field
+    assert a.gpu_seconds == b.gpu_seconds
+    assert np.array_equal(a.replica_starts_s, b.replica_starts_s)
+
+
+def test_a_companion_that_wants_no_placeholder_changes_nothing() -> None:
+    requests = build_requests(load_trace(TRACE), scale=2.0, duration_s=300.0)
+    cfg = SimConfig(get_profile("llama3-8b-a100"), warm_window_s=120.0, drain_s=300.0)
+    result = run_bench(requests, cfg, 2.0)
+    metadata = {**result.scaler_metadata, "forecast": "on"}
+    alone = simulate(with_forecast(ScalerPolicy(metadata)), requests, cfg, result.initial_replicas)
+    idle = Prewarm(ScalerPolicy(metadata), CompanionConfig(max_placeholders=0))
+    paired = simulate(idle, requests, cfg, result.initial_replicas)
+    assert len(idle.plans) >= (120 + 300) // 15  # the companion did run, every 15 s
+    _same(alone, paired)
+
+
+def _ramp(duration_s: float, low: float, high: float, seed: int = 0) -> Requests:
+    """A Poisson ramp from `low` to `high` req/s (thinning), long decodes: a growing fleet."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1.0 / high, int(high * duration_s * 1.2)))
+    t = t[t < duration_s]
+    t = t[rng.random(t.size) < (low + (high - low) * t / duration_s) / high]
+    n = t.size
+    return Requests(
+        arrivals_s=t,
+        input_tokens=np.full(n, 200, dtype=np.int64),
+        output_tokens=np.full(n, 1000, dtype=np.int64),
+        duration_s=duration_s,
+        name="ramp",
+    )
+
+
+def test_on_a_ramp_prewarm_starts_replicas_sooner_than_the_same_scaler_alone() -> None:
+    cfg = SimConfig(
+        get_profile("llama3-8b-a100"), drain_s=300.0, policies=("scaler",), companion=True
+    )
+    result = run_bench(_ramp(900.0, 2.0, 40.0), cfg)
+    assert [r.name for r in result.runs] == ["scaler", FORECAST, PREWARM]
+    m = {r.name: measure(r, cfg.slo_s) for r in result.runs}
+    runs = {r.name: r for r in result.runs}
+    # Pods of the same scaler wait less: many land on nodes placeholders launched ahead.
+    assert runs[PREWARM].replica_starts_s.mean() < runs[FORECAST].replica_starts_s.mean()
+    assert m[PREWARM].replica_start_p50_s < m[FORECAST].replica_start_p50_s
+    assert m[PREWARM].node_hours >= m[FORECAST].node_hours  # pre-warm is paid in node-hours
+    assert m[PREWARM].node_hours == pytest.approx(m[PREWARM].gpu_hours / P4D_24XLARGE.gpus)
+    assert "forecast=on" in table(result)
+
+
+@dataclass
+class _OffThenOn:
+    """Scales to zero at once, back to one replica when a request waits."""
+
+    name: str = "off-then-on"
+
+    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+        return 1 if stats.waiting else 0
+
+
+def test_scale_from_zero_is_first_arrival_at_zero_to_a_replica_serving() -> None:
+    requests = Requests(
+        arrivals_s=np.asarray([400.0, 401.0]),
+        input_tokens=np.asarray([100, 100], dtype=np.int64),
+        output_tokens=np.asarray([10, 10], dtype=np.int64),
+        duration_s=600.0,
+        name="one-burst",
+    )
+    cfg = SimConfig(get_profile("llama3-8b-a100"), warm_window_s=60.0, drain_s=300.0)
+    run = simulate(_OffThenOn(), requests, cfg, 1)
+    m = measure(run, cfg.slo_s)
+    cold = cfg.node_launch_s + cfg.model_load_s  # the warm node was consolidated long before
+    assert m.scale_from_zero_episodes == 1
+    assert m.scale_from_zero_s == pytest.approx(cold + 1.0, abs=2.0)  # + the policy's one step
+    assert run.replica_starts_s.tolist() == [cold]
+    assert m.replica_start_p99_s == cold
+    found = to_json(_single(run, requests, cfg))
+    (row,) = found["policies"]
+    assert row["scale_from_zero_episodes"] == 1 and row["replica_start_p50_s"] == cold
+
+
+def _single(run: PolicyRun, requests: Requests, cfg: SimConfig) -> BenchResult:
+    return BenchResult(requests.name, 1.0, cfg, requests, [run], 1, 1.0, 1, 1, cfg.dt)
+
+
+def test_no_episode_means_nan_in_the_table_and_null_in_json() -> None:
+    requests = build_requests(load_trace(TRACE), scale=1.0, duration_s=60.0)
+    cfg = SimConfig(get_profile("llama3-8b-a100"), warm_window_s=30.0, drain_s=60.0)
+    sim = Simulation(requests, cfg, 2)
+    for _ in range(sim.max_steps):
+        at, stats = sim.advance()
+        sim.apply(at, None, stats)
+        if sim.done:
+            break
+    run = sim.result("fixed")
+    row = to_json(_single(run, requests, cfg))["policies"][0]
+    assert row["scale_from_zero_s"] is None and row["scale_from_zero_episodes"] == 0
+    assert row["replica_start_p50_s"] is None and row["node_hours"] > 0
+
+
+def test_cli_companion_adds_the_rows_and_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(
+        [
+            "bench", "replay", "--trace", str(TRACE), "--duration", "120", "--scale", "1",
+            "--companion", "--json", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    found = json.loads(capsys.readouterr().out)
+    names = [p["name"] for p in found["policies"]]
+    assert names.index("scaler") + 1 == names.index(FORECAST) == names.index(PREWARM) - 1
+    assert {"node_hours", "replica_start_p99_s", "scale_from_zero_s"} <= set(found["policies"][0])
+    args = ["bench", "replay", "--trace", str(TRACE), "--companion", "--full-stack"]
+    assert cli.main(args) == 2
