@@ -16,7 +16,7 @@ from scaler.sim.policies import NAMES
 from scaler.sim.profiles import get_profile
 from scaler.sim.report import checks, measure, table, to_json
 from scaler.sim.run import BenchResult, SimConfig, run_bench
-from scaler.sim.workload import build_requests
+from scaler.sim.workload import Requests, build_requests
 from scaler.traces import load_trace
 
 TRACE = (
@@ -138,3 +138,38 @@ def test_cli_replays_a_slice(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert (tmp_path / "fleet.png").stat().st_size > 0
     assert (tmp_path / "queue_wait.png").stat().st_size > 0
     assert cli.main(["bench", "replay", "--trace", str(TRACE), "--profile", "nope"]) == 2
+
+
+def test_zero_load_costs_nothing_under_scale_to_zero() -> None:
+    # A minute of traffic, then an hour of silence. Under scale-to-zero, the scaler's fleet
+    # goes to zero replicas (idle window 300 s, KEDA cooldown 300 s) and its nodes to zero
+    # (consolidateAfter 60 s), and from then on costs nothing; always-on pays for the hour.
+    rng = np.random.default_rng(3)
+    arrivals = np.sort(rng.uniform(0.0, 60.0, 300))
+    requests = Requests(
+        arrivals_s=arrivals,
+        input_tokens=np.full(arrivals.size, 512, dtype=np.int64),
+        output_tokens=np.full(arrivals.size, 128, dtype=np.int64),
+        duration_s=3600.0,
+        name="minute-then-silence",
+    )
+    config = SimConfig(
+        get_profile("llama3-8b-a100"),
+        warm_window_s=60.0,
+        drain_s=0.0,
+        policies=("always-on", "scaler"),
+        oracle_iterations=0,
+    )
+    result = run_bench(requests, config)
+    runs = {run.name: run for run in result.runs}
+    scaler, always_on = runs["scaler"], runs["always-on"]
+    assert measure(scaler, config.slo_s).completed == requests.count
+    # Zero nodes from at most idle + cooldown + polling + consolidateAfter + a node's drain
+    # after the last request, until the end: no GPU-second is paid while nothing arrives.
+    silent_from = 60 + 300 + 300 + 30 + 60 + 60
+    assert np.all(scaler.nodes[silent_from:3600] == 0)
+    assert np.all(scaler.replicas[silent_from:3600] == 0)
+    assert scaler.zero_node_seconds >= 3600 - silent_from
+    assert scaler.gpu_seconds <= silent_from * scaler.gpus_per_node * int(scaler.nodes.max())
+    assert always_on.zero_node_seconds == 0.0
+    assert always_on.gpu_seconds >= 3600 * always_on.gpus_per_node
