@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from collections.abc import Sequence
 
@@ -67,6 +68,17 @@ def _demo(args: argparse.Namespace) -> int:
         plots=None if args.plots == "off" else args.plots,
         progress=not args.no_progress,
     )
+
+
+def _positive_price(text: str) -> float:
+    """A price in USD: a finite number above 0 (argparse names the flag on error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a price in USD above 0, got {text!r}")
+    return value
 
 
 def _metadata(items: list[str]) -> dict[str, str] | None:
@@ -243,6 +255,7 @@ def _bench_replay(args: argparse.Namespace) -> int:
             full_stack=args.full_stack,
             speedup=args.speedup,
             companion=args.companion,
+            node_price=args.node_price,
         )
     )
 
@@ -469,6 +482,13 @@ def parser() -> argparse.ArgumentParser:
         help="node launch + model load, seconds (default %(default)s)",
     )
     rp.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    rp.add_argument(
+        "--node-price",
+        type=_positive_price,
+        metavar="USD",
+        help="price of a node-hour instead of the profile's on-demand price, e.g. the Spot "
+        "price for your zone from the EC2 Spot price history (it moves; none is kept here)",
+    )
     rp.add_argument(
         "--slo", type=float, default=2.0, help="queue wait / TTFT SLO, s (default %(default)s)"
     )

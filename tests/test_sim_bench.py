@@ -173,3 +173,29 @@ def test_zero_load_costs_nothing_under_scale_to_zero() -> None:
     assert scaler.gpu_seconds <= silent_from * scaler.gpus_per_node * int(scaler.nodes.max())
     assert always_on.zero_node_seconds == 0.0
     assert always_on.gpu_seconds >= 3600 * always_on.gpus_per_node
+
+
+def test_node_price_replaces_the_on_demand_price(capsys: pytest.CaptureFixture[str]) -> None:
+    # A Spot price (or any negotiated one) is the user's to give; the cost follows it exactly.
+    base = [
+        "bench",
+        "replay",
+        "--trace",
+        str(TRACE),
+        "--duration",
+        "120",
+        "--json",
+        "--no-progress",
+    ]
+    assert cli.main(base) == 0
+    on_demand = json.loads(capsys.readouterr().out)["policies"]
+    assert cli.main([*base, "--node-price", "9.5"]) == 0
+    spot = json.loads(capsys.readouterr().out)["policies"]
+    gpus_per_node = get_profile("llama3-8b-a100").node.gpus
+    for paid, listed in zip(spot, on_demand, strict=True):
+        assert paid["gpu_hours"] == listed["gpu_hours"]
+        assert paid["cost_usd"] == pytest.approx(paid["gpu_hours"] / gpus_per_node * 9.5)
+        assert listed["cost_usd"] == pytest.approx(listed["gpu_hours"] / gpus_per_node * 32.77)
+    with pytest.raises(SystemExit):
+        cli.main([*base, "--node-price", "free"])
+    assert "--node-price: expected a price in USD above 0" in capsys.readouterr().err

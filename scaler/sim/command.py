@@ -42,6 +42,7 @@ class ReplayOptions:
     full_stack: bool = False
     speedup: float = 5.0
     companion: bool = False
+    node_price: float | None = None  # USD per node-hour instead of the profile's on-demand
 
 
 FULL_STACK_DURATION_S = 600.0  # trace seconds a full-stack replay takes by default
@@ -107,6 +108,7 @@ def replay(options: ReplayOptions) -> int:
             profile,
             cold_start_s=options.cold_start_s,
             slo_s=options.slo_s,
+            node_usd_per_hour=options.node_price,
             seed=options.seed,
             scaler_metadata=dict(options.metadata),
             companion=options.companion,

@@ -52,8 +52,9 @@ class NodeType:
 
     name: str
     gpus: int
+    # Spot prices move every few minutes by zone, so none is kept here: pass the one you pay
+    # with `scaler bench replay --node-price` (SimConfig.node_usd_per_hour).
     on_demand_usd_per_hour: float
-    spot_usd_per_hour: float | None  # None: no published figure kept here
     source: str
 
 
@@ -125,7 +126,6 @@ P4D_24XLARGE = NodeType(
     name="p4d.24xlarge",
     gpus=8,
     on_demand_usd_per_hour=32.77,
-    spot_usd_per_hour=None,
     source="AWS EC2 on-demand price, us-east-1 (8x A100 40GB), as quoted in issue 5",
 )
 
@@ -133,7 +133,6 @@ P5_48XLARGE = NodeType(
     name="p5.48xlarge",
     gpus=8,
     on_demand_usd_per_hour=98.32,
-    spot_usd_per_hour=None,
     source="AWS EC2 on-demand price, us-east-1 (8x H100 80GB), as quoted in issue 5",
 )
 

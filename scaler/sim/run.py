@@ -79,6 +79,15 @@ class SimConfig:
     # Also run the scaler with forecast=on, alone and with the Karpenter companion pre-warming
     # nodes (rows scaler+forecast and scaler+prewarm; scaler.sim.prewarm).
     companion: bool = False
+    # The price of a node-hour instead of the profile's on-demand price (e.g. a Spot price read
+    # off the EC2 Spot price history for your zone).
+    node_usd_per_hour: float | None = None
+
+    @property
+    def usd_per_node_hour(self) -> float:
+        if self.node_usd_per_hour is not None:
+            return self.node_usd_per_hour
+        return self.profile.node.on_demand_usd_per_hour
 
     @property
     def model_load_s(self) -> float:
@@ -256,7 +265,7 @@ class Simulation:
             nodes=self.series[2, kept],
             waiting=self.series[3, kept],
             gpus_per_node=cfg.profile.node.gpus,
-            usd_per_node_hour=cfg.profile.node.on_demand_usd_per_hour,
+            usd_per_node_hour=cfg.usd_per_node_hour,
             replica_starts_s=starts[created, 1] - starts[created, 0],
             zero_waits_s=np.asarray(self.zero_waits, dtype=np.float64),
         )
