@@ -144,6 +144,25 @@ def test_consolidate_after_removes_empty_nodes_and_billing_stops() -> None:
     assert cluster.live_nodes == 0 and cluster.zero_node_seconds > 0
 
 
+def test_deletion_costs_make_a_scale_down_empty_the_least_used_node() -> None:
+    # 10 replicas on two 8-GPU nodes (8 + 2), down to 8. The ReplicaSet's own order deletes
+    # doubled-up pods first, from the full node: both nodes stay, each part-full, paid for.
+    # With the companion's deletion costs (pods on fuller nodes cost more) it deletes the two
+    # on the emptier node, which consolidateAfter then removes.
+    spread = _cluster(consolidate=60.0)
+    spread.warm(10)
+    spread.scale_to(0.0, 8)
+    _run_cluster(spread, 0.0, 120.0)
+    assert spread.live_nodes == 2 and spread.replicas == 8
+    packed = _cluster(consolidate=60.0)
+    packed.warm(10)
+    packed.pack()
+    assert sorted(p.deletion_cost for p in packed.pods.values()) == [2, 2] + [8] * 8
+    packed.scale_to(0.0, 8)
+    _run_cluster(packed, 0.0, 120.0)
+    assert packed.live_nodes == 1 and packed.replicas == 8 and packed.ready == 8
+
+
 def test_scale_down_removes_pods_not_ready_first_and_drains_ready_ones() -> None:
     cluster = _cluster()
     cluster.warm(2)

@@ -9,7 +9,8 @@ one is empty for `consolidateAfter` (Karpenter `consolidationPolicy: WhenEmpty`)
 Pods: a Deployment scale-up creates pending pods; they bind to free GPUs on ready nodes (then load
 the model), or to free GPUs on nodes being launched, or Karpenter launches ceil(rest / GPUs per
 node) new nodes. A scale-down deletes pods in the ReplicaSet controller's order (unscheduled first,
-then not ready, then ready pods on nodes with more replicas of the set, newest first); a deleted
+then not ready, then the lowest `pod-deletion-cost`, then ready pods on nodes with more replicas
+of the set, newest first: so without deletion costs it spreads the fleet; `pack`); a deleted
 ready pod stops receiving requests and drains its running ones for up to the termination grace
 period, then anything left is dropped.
 
@@ -49,6 +50,9 @@ class Pod:
     node: int | None = None
     ready_at: float = math.inf
     deadline: float = math.inf  # draining: termination grace ends
+    # The `controller.kubernetes.io/pod-deletion-cost` annotation (0 when absent): on scale-down
+    # the ReplicaSet deletes lower costs first, after unscheduled and not-ready pods.
+    deletion_cost: int = 0
 
 
 @dataclass
@@ -139,6 +143,14 @@ class Cluster:
                 self._unbind_placeholder(h, at)
             del self.placeholders[h.id]
 
+    def pack(self) -> None:
+        """Set every real pod's deletion cost to the real pods on its node, as the companion's
+        `scaler.companion` packing does: a scale-down then empties the least-used nodes first,
+        so WhenEmpty consolidation can remove them, where the ReplicaSet's default order
+        (doubled-up pods first) spreads the fleet and leaves every node part-full."""
+        for pod in self.pods.values():
+            pod.deletion_cost = len(self.nodes[pod.node].pods) if pod.node is not None else 0
+
     def warm(self, replicas: int, at: float = 0.0) -> None:
         """Start with `replicas` serving on ready nodes (the simulation's warm start)."""
         gpus = self.cfg.node.gpus
@@ -165,10 +177,11 @@ class Cluster:
             per_node[p.node] = per_node.get(p.node, 0) + 1
         rank = {Phase.PENDING: 0, Phase.LOADING: 1, Phase.READY: 2}
 
-        def order(p: Pod) -> tuple[int, int, int, float, int]:
+        def order(p: Pod) -> tuple[int, int, int, int, float, int]:
             return (
                 0 if p.node is None else 1,
                 rank[p.phase],
+                p.deletion_cost,  # controller.kubernetes.io/pod-deletion-cost: lowest first
                 -per_node.get(p.node, 0),  # doubled up: more pods of the set on its node first
                 -p.ready_at if p.phase is Phase.READY else -p.created_at,  # newest first
                 -p.id,
