@@ -304,7 +304,11 @@ def _companion_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cp.add_argument("--once", action="store_true", help="one pass, then exit")
     cp.add_argument("--lease-name", default=k.lease_name, help="default %(default)s")
     cp.add_argument(
-        "--lease-duration", type=int, default=45, metavar="S", help="default %(default)s"
+        "--lease-duration",
+        type=int,
+        default=k.lease_duration_s,
+        metavar="S",
+        help="default %(default)s",
     )
     cp.add_argument("--identity", help="leader-election identity (default $HOSTNAME)")
     cp.add_argument("--placeholder-image", default=k.placeholder_image, help="default %(default)s")

@@ -167,8 +167,8 @@ def required_affinity(*expressions: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def place(so: dict[str, Any], tpl: dict[str, Any], running: int = 1) -> Placement:
-    return placement("team-a/llama", so, tpl, POOLS, running_pods=running)
+def place(so: dict[str, Any], tpl: dict[str, Any], live: int = 1) -> Placement:
+    return placement("team-a/llama", so, tpl, POOLS, live_pods=live)
 
 
 def test_annotation_on_scaled_object_wins() -> None:
@@ -176,8 +176,8 @@ def test_annotation_on_scaled_object_wins() -> None:
         annotations={NODEPOOL_ANNOTATION: "gpu-a10"},
         node_selector={"karpenter.sh/nodepool": "gpu-a10"},
     )
-    got = place(scaled_object({NODEPOOL_ANNOTATION: "gpu-h100"}), tpl, running=3)
-    assert got == Placement("team-a/llama", "gpu-h100", 2, 3, "annotation")
+    got = place(scaled_object({NODEPOOL_ANNOTATION: "gpu-h100"}), tpl, live=3)
+    assert got == Placement("team-a/llama", "gpu-h100", 2, 3, "annotation", max_replicas=100)
 
 
 def test_annotation_on_pod_template() -> None:
@@ -268,3 +268,26 @@ def test_wrong_shapes_name_the_field() -> None:
         place(scaled_object(), {"spec": {"nodeSelector": ["karpenter.sh/nodepool"]}})
     with pytest.raises(PlacementError, match=r"ScaledObject annotation .*nodepool is ' '"):
         place(scaled_object({NODEPOOL_ANNOTATION: " "}), template())
+
+
+def test_max_replicas_is_the_scaled_objects_max_replica_count_else_kedas_default() -> None:
+    tpl = template(node_selector={"karpenter.sh/nodepool": "gpu-a10"})
+    assert place(scaled_object(), tpl).max_replicas == 100  # KEDA's default when unset
+    so = {**scaled_object(), "spec": {"maxReplicaCount": 40}}
+    assert place(so, tpl).max_replicas == 40
+    assert place({**so, "spec": {"maxReplicaCount": 0}}, tpl).max_replicas == 0
+
+
+@pytest.mark.parametrize("value", [-1, "40", 4.5, True])
+def test_a_bad_max_replica_count_is_a_placement_error(value: object) -> None:
+    tpl = template(node_selector={"karpenter.sh/nodepool": "gpu-a10"})
+    so = {**scaled_object(), "spec": {"maxReplicaCount": value}}
+    with pytest.raises(PlacementError, match="maxReplicaCount"):
+        place(so, tpl)
+
+
+def test_no_nodepool_error_names_the_annotation() -> None:
+    with pytest.raises(PlacementError) as info:
+        place(scaled_object(), template())
+    assert NODEPOOL_ANNOTATION in str(info.value)
+    assert "{NODEPOOL_ANNOTATION}" not in str(info.value)

@@ -13,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web
@@ -25,7 +28,8 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from scaler.companion.kube import Kube, KubeSettings, micro_time, parse_time
+from scaler.companion import kube as companion_kube
+from scaler.companion.kube import LIVE_PHASES_SELECTOR, Kube, KubeSettings, micro_time, parse_time
 from scaler.companion.model import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -227,15 +231,26 @@ class Cluster:
             },
         )
 
-    def add_pod(self, name: str, *, node: str = "node-1", app: str = "llama") -> None:
+    def add_pod(
+        self,
+        name: str,
+        *,
+        node: str | None = "node-1",
+        app: str = "llama",
+        phase: str = "Running",
+        terminating: bool = False,
+    ) -> None:
+        metadata: dict[str, Any] = {"name": name, "namespace": APP_NS, "labels": {"app": app}}
+        if terminating:
+            metadata["deletionTimestamp"] = "2023-11-14T22:13:00Z"
         self.api.put(
             PODS,
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": name, "namespace": APP_NS, "labels": {"app": app}},
+                "metadata": metadata,
                 "spec": {
-                    "nodeName": node,
+                    **({"nodeName": node} if node is not None else {}),
                     "containers": [
                         {
                             "name": "vllm",
@@ -244,7 +259,7 @@ class Cluster:
                         }
                     ],
                 },
-                "status": {"phase": "Running"},
+                "status": {"phase": phase},
             },
         )
 
@@ -351,10 +366,37 @@ async def cluster() -> AsyncIterator[Cluster]:
                 assert request.params.get("fieldValidation") == "Strict"
                 assert request.headers.get("Content-Type") == MERGE_PATCH
                 validate_custom_resource(without_nulls(request.data), partial=True)
+            # ...and every request is one kube.API_ACCESS lists (what rbac.yaml grants).
+            for request in found.requests():
+                assert allowed(request), (request.method, str(request.url))
         finally:
             await server.__aexit__(None, None, None)
             for api_client in found.clients:
                 api_client.close()
+
+
+VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+EVENT_NS = KubeSettings(namespace="", identity="").event_namespace
+
+
+def allowed(request: Any) -> bool:
+    """Whether kube.API_ACCESS covers a request the emulator saw: its (group, resource, verb) in
+    the scope the request needs, or a wider one (a ClusterRole covers every namespace)."""
+    res = request.resource
+    if res is None:
+        return True  # not an API resource (never sent by the companion)
+    method = request.method.value
+    verb = ("get" if request.name else "list") if method == "GET" else VERBS[method]
+    k = companion_kube
+    if request.namespace == COMPANION_NS and res.plural == "leases" and request.name:
+        scopes = {k.LEASE, k.NAMESPACE, k.CLUSTER}
+    elif request.namespace == COMPANION_NS:
+        scopes = {k.NAMESPACE, k.CLUSTER}
+    elif request.namespace == EVENT_NS and res.plural == "events":
+        scopes = {k.EVENTS, k.CLUSTER}
+    else:
+        scopes = {k.CLUSTER}
+    return any((res.group, res.plural, verb, scope) in k.API_ACCESS for scope in scopes)
 
 
 class Scaler:
@@ -505,7 +547,7 @@ async def test_pre_warm_on_a_forecast_ramp(cluster: Cluster, scaler: Scaler, clo
     assert scale[0].headers["Content-Type"] == MERGE_PATCH
     # The placeholders' own pods never count as the workload's.
     assert result.view is not None
-    assert result.view.placements[WORKLOAD].running_pods == 3
+    assert result.view.placements[WORKLOAD].live_pods == 3
     # Events name the NodePool and say old -> new.
     events = [r.data for r in cluster.writes() if r.resource.plural == "events"]
     assert events
@@ -960,3 +1002,190 @@ def test_cli_companion_flags() -> None:
         4,
         "7-22",
     )
+
+
+# --- live pods, maxReplicaCount -------------------------------------------------------------------
+
+
+async def test_pending_pods_count_as_capacity_on_order(
+    cluster: Cluster, scaler: Scaler, clock: Clock
+) -> None:
+    """Forecast 6: 2 pods run, 2 are Pending (Karpenter is already launching nodes for them), one
+    is terminating and one Succeeded: 2 placeholders, for the 2 replicas nobody asked for yet."""
+    for i in range(2):
+        cluster.add_pod(f"llama-{i}")
+    cluster.add_pod("llama-unbound", node=None, phase="Pending")  # waiting for a node
+    cluster.add_pod("llama-starting", phase="Pending")  # bound, containers starting
+    cluster.add_pod("llama-old", terminating=True)
+    cluster.add_pod("llama-done", phase="Succeeded")
+    companion = make_companion(cluster, scaler, clock)
+    scaler.decide(clock.now, 4, forecast=6)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    assert result.view is not None
+    assert result.view.placements[WORKLOAD].live_pods == 4
+    assert cluster.placeholders() == 2
+    # GPUs in use on the pool: pods bound to its node, the terminating one too (it holds its GPU).
+    assert result.view.pools[POOL].running_gpus == 5  # llama-0/1, -starting, -old, and other
+    [listed] = [r for r in cluster.requests() if r.method == "GET" and "/pods" in str(r.url)]
+    assert listed.params.get("fieldSelector") == LIVE_PHASES_SELECTOR
+
+
+async def test_the_forecast_is_capped_at_the_scaled_objects_max_replica_count(
+    cluster: Cluster, scaler: Scaler, clock: Clock
+) -> None:
+    scaled = cluster.api.get(SCALEDOBJECTS, APP_NS, "llama")
+    assert scaled is not None
+    scaled["spec"]["maxReplicaCount"] = 5
+    cluster.api.put(SCALEDOBJECTS, scaled)
+    companion = make_companion(cluster, scaler, clock, config=CompanionConfig(max_placeholders=100))
+    scaler.decide(clock.now, 2, forecast=63)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    assert result.view is not None
+    assert result.view.placements[WORKLOAD].max_replicas == 5
+    assert cluster.placeholders() == 5  # not 63: the HPA never creates more than 5 pods
+    assert result.plans[0].forecast_gpus == 5
+
+
+# --- Lease release, Event failures ----------------------------------------------------------------
+
+
+async def test_the_leader_releases_the_lease_on_shutdown_and_a_standby_takes_over_at_once(
+    cluster: Cluster, scaler: Scaler, clock: Clock
+) -> None:
+    a = make_companion(cluster, scaler, clock, identity="companion-a")
+    b = make_companion(cluster, scaler, clock, identity="companion-b")
+    scaler.decide(clock.now, 2, forecast=6)
+    assert (await run_pass(a)).leader
+    assert (await run_pass(b)).result == "follower"
+    # The follower stops first: it does not hold the Lease, so it leaves it alone.
+    assert await asyncio.wait_for(b.run(asyncio.Event(), max_passes=0), timeout=30) == 0
+    lease = cluster.api.get(LEASES, COMPANION_NS, "gpu-queue-scaler-companion")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "companion-a"
+    # The leader stops (one more pass, then the loop ends): it gives the Lease up.
+    stop = asyncio.Event()
+    assert await asyncio.wait_for(a.run(stop, max_passes=1), timeout=30) == 1
+    lease = cluster.api.get(LEASES, COMPANION_NS, "gpu-queue-scaler-companion")
+    assert lease is not None and "holderIdentity" not in lease["spec"]
+    assert metric(a, "queue_scaler_companion_leader") == 0
+    # No wait for the lease duration: the standby leads at its very next pass.
+    clock.now += 1
+    result = await run_pass(b)
+    assert result.leader and result.result == "ok"
+    lease = cluster.api.get(LEASES, COMPANION_NS, "gpu-queue-scaler-companion")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "companion-b"
+    # Releasing a Lease someone else holds does nothing.
+    assert not await a.kube.release(clock.now)
+    lease = cluster.api.get(LEASES, COMPANION_NS, "gpu-queue-scaler-companion")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "companion-b"
+    await a.close()
+    await b.close()
+
+
+async def test_failed_events_are_counted_and_do_not_fail_the_pass(
+    cluster: Cluster, scaler: Scaler, clock: Clock
+) -> None:
+    companion = make_companion(cluster, scaler, clock)
+    cluster.api.faults.append(Fault("POST", "events", 500, times=10))
+    scaler.decide(clock.now, 2, forecast=6)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    assert len(result.writes) == 2  # the budget and the placeholders landed
+    assert cluster.placeholders() == 6
+    errors = "queue_scaler_companion_errors_total"
+    assert metric(companion, errors, {"stage": "event"}) == 2
+
+
+# --- `scaler companion` end to end (the CLI entry point, in-process) ------------------------------
+
+
+def _kubeconfig(cluster: Cluster, path: Path) -> Path:
+    server = str(cluster.server.url).rstrip("/")
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "kmock", "cluster": {"server": server}}],
+                "users": [{"name": "companion", "user": {}}],
+                "contexts": [
+                    {"name": "kmock", "context": {"cluster": "kmock", "user": "companion"}}
+                ],
+                "current-context": "kmock",
+            }
+        ),
+        encoding="utf-8",
+    )
+    return path
+
+
+def _cli(cluster: Cluster, scaler: Scaler, tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "companion",
+        "--once",
+        "--kubeconfig",
+        str(_kubeconfig(cluster, tmp_path / "kubeconfig")),
+        "--scaler-url",
+        scaler.url,
+        "--namespace",
+        COMPANION_NS,
+        "--identity",
+        "companion-cli",
+        "--metrics-port",
+        "0",
+        "--log-format",
+        "text",
+        *extra,
+    ]
+
+
+@pytest.fixture
+def _keep_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`scaler companion` sets the root logger up; undo it after the test."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+
+
+@pytest.mark.usefixtures("_keep_logging")
+async def test_cli_companion_once_creates_placeholders_and_patches_the_nodepool(
+    cluster: Cluster, scaler: Scaler, tmp_path: Path
+) -> None:
+    from scaler import cli
+
+    scaler.decide(time.time(), 2, forecast=6)
+    args = _cli(cluster, scaler, tmp_path)
+    code = await asyncio.wait_for(asyncio.to_thread(cli.main, args), timeout=60)
+    assert code == 0
+    assert cluster.placeholders() == 6
+    created = cluster.api.get(DEPLOYMENTS, COMPANION_NS, PLACEHOLDER)
+    assert created is not None
+    # The CLI's default PriorityClass is deploy/companion's.
+    assert created["spec"]["template"]["spec"]["priorityClassName"] == "gpu-placeholder"
+    assert peak_budget() in cluster.nodepool()["spec"]["disruption"]["budgets"]
+    assert len(cluster.nodepool_patches()) == 1
+    # --once ends the loop: the Lease it took is released for the standby.
+    lease = cluster.api.get(LEASES, COMPANION_NS, "gpu-queue-scaler-companion")
+    assert lease is not None and "holderIdentity" not in lease["spec"]
+
+
+@pytest.mark.usefixtures("_keep_logging")
+async def test_cli_companion_dry_run_prints_the_writes_and_sends_none(
+    cluster: Cluster, scaler: Scaler, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scaler import cli
+
+    scaler.decide(time.time(), 2, forecast=6)
+    args = _cli(cluster, scaler, tmp_path, "--dry-run")
+    code = await asyncio.wait_for(asyncio.to_thread(cli.main, args), timeout=60)
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert [line["kind"] for line in lines] == ["nodepool_patch", "placeholder_create"]
+    assert lines[0]["target"] == f"karpenter.sh/v1 NodePool {POOL}"
+    assert lines[0]["body"]["spec"] == {"disruption": {"budgets": [USER_BUDGET, peak_budget()]}}
+    assert lines[1]["target"] == f"apps/v1 Deployment {COMPANION_NS}/{PLACEHOLDER}"
+    assert lines[1]["body"]["spec"]["replicas"] == 6
+    assert cluster.requests()  # it did read the cluster...
+    assert cluster.writes(lease=True) == []  # ...and wrote nothing, not even the Lease
+    assert cluster.placeholders() is None

@@ -47,9 +47,14 @@ def pool(
 
 
 def placed(
-    workload: str = "team-a/llama", nodepool: str = "gpu", gpus: int = 2, running: int = 0
+    workload: str = "team-a/llama",
+    nodepool: str = "gpu",
+    gpus: int = 2,
+    running: int = 0,
+    max_replicas: int | None = None,
 ) -> Placement:
-    return Placement(workload, nodepool, gpus, running, "nodeSelector")
+    """`running`: the workload's live pods (Pending or Running, Placement.live_pods)."""
+    return Placement(workload, nodepool, gpus, running, "nodeSelector", max_replicas)
 
 
 def demand(
@@ -104,6 +109,32 @@ def test_placeholders_in_pods_of_several_gpus_round_up_and_are_capped() -> None:
     got, _ = one([demand(NOON, 1, 10.0)], [placed(running=1)], pool(), NOON, config=cfg)
     assert got.placeholders == 3  # 20 - 2 = 18 GPUs -> 5 placeholders, capped at 3
     assert "capped at 3" in got.reasons[0]
+
+
+def test_pending_pods_are_capacity_on_order_not_a_gap() -> None:
+    """6 replicas forecast, 2 running and 3 pending (live_pods 5): one placeholder, for the one
+    replica nobody has asked for yet; the 3 pending pods already make Karpenter buy nodes."""
+    got, _ = one([demand(NOON, 5, 6.0)], [placed(gpus=1, running=5)], pool(ready=2), NOON)
+    assert (got.forecast_gpus, got.placeholders) == (6.0, 1)
+    assert "5 running or pending" in got.reasons[0]
+
+
+def test_the_forecast_is_capped_at_max_replica_count() -> None:
+    """The q90 forecast says 63 replicas, the ScaledObject allows 40: the HPA can never create
+    the other 23, so no placeholder stands for them."""
+    cfg = replace(CONFIG, max_placeholders=100)
+    capped = placed(gpus=1, running=10, max_replicas=40)
+    got, _ = one([demand(NOON, 12, 63.0)], [capped], pool(ready=16), NOON, config=cfg)
+    assert (got.forecast_gpus, got.placeholders) == (40.0, 30)
+    assert any("capped at maxReplicaCount 40" in r for r in got.reasons)
+    uncapped, _ = one(
+        [demand(NOON, 12, 63.0)], [placed(gpus=1, running=10)], pool(), NOON, config=cfg
+    )
+    assert (uncapped.forecast_gpus, uncapped.placeholders) == (63.0, 53)
+    # maxReplicaCount 0: nothing to pre-warm, whatever the forecast.
+    zero = placed(gpus=1, max_replicas=0)
+    got, _ = one([demand(NOON, 0, 5.0, active=False)], [zero], pool(), NOON, config=cfg)
+    assert (got.forecast_gpus, got.placeholders) == (0.0, 0)
 
 
 def test_target_covers_now_when_the_forecast_is_lower_or_off() -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -571,60 +573,122 @@ def test_companion_kustomization_lists_its_files_but_not_the_placeholder_templat
     assert set(resources) == present - {PLACEHOLDER_TEMPLATE.name}
 
 
+def _companion_namespace() -> str:
+    namespace: str = yaml.safe_load(COMPANION_KUSTOMIZATION.read_text(encoding="utf-8"))[
+        "namespace"
+    ]
+    return namespace
+
+
+def _is_events_rbac(obj: dict[str, Any]) -> bool:
+    """The Role and RoleBinding granting Events in --event-namespace (not the companion's)."""
+    return obj["kind"] in ("Role", "RoleBinding") and obj["metadata"]["name"].endswith("-events")
+
+
 def test_companion_objects_live_in_the_scaler_namespace() -> None:
-    namespace = yaml.safe_load(COMPANION_KUSTOMIZATION.read_text(encoding="utf-8"))["namespace"]
+    namespace = _companion_namespace()
+    args = _companion_args()
     for _, _, obj in _under(COMPANION):
         if obj["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
+        elif _is_events_rbac(obj):
+            assert obj["metadata"]["namespace"] == args.event_namespace, obj["metadata"]["name"]
         else:
             assert obj["metadata"].get("namespace") == namespace, obj["metadata"]["name"]
-    assert _companion_args().namespace == namespace
+    assert args.namespace == namespace
 
 
-def test_companion_rbac_grants_exactly_what_it_uses() -> None:
-    grants: dict[tuple[str, str, str], set[str]] = {}
-    for kind in ("ClusterRole", "Role"):
-        role = _only(kind, _companion_objects())
-        for rule in role["rules"]:
-            assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, rule
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    verbs = grants.setdefault((kind, group, resource), set())
-                    verbs.update(rule["verbs"])
-        binding = _only(f"{kind}Binding", _companion_objects())
-        assert binding["roleRef"] == {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": kind,
-            "name": role["metadata"]["name"],
-        }
-        account = _only("ServiceAccount", _companion_objects())["metadata"]
+def _companion_grants() -> set[tuple[str, str, str, str]]:
+    """What deploy/companion's RBAC grants the companion's ServiceAccount, as kube.API_ACCESS
+    spells it: (group, resource, verb, scope)."""
+    from scaler.companion.kube import CLUSTER, EVENTS, LEASE, NAMESPACE
+
+    args = _companion_args()
+    account = _only("ServiceAccount", _companion_objects())["metadata"]
+    objects = [obj for _, _, obj in _companion_objects()]
+    roles = [obj for obj in objects if obj["kind"] in ("ClusterRole", "Role")]
+    bindings = {
+        (obj["metadata"].get("namespace"), obj["roleRef"]["kind"], obj["roleRef"]["name"]): obj
+        for obj in objects
+        if obj["kind"] in ("ClusterRoleBinding", "RoleBinding")
+    }
+    assert len(bindings) == len(roles)  # one binding per role, none dangling
+    grants: set[tuple[str, str, str, str]] = set()
+    for role in roles:
+        namespace = role["metadata"].get("namespace")
+        binding = bindings[(namespace, role["kind"], role["metadata"]["name"])]
+        assert binding["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io"
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
         ]
-    assert grants == {
-        ("ClusterRole", "karpenter.sh", "nodepools"): {"get", "list", "watch", "patch"},
-        ("ClusterRole", "", "nodes"): {"get", "list"},
-        ("ClusterRole", "", "pods"): {"list"},
-        ("ClusterRole", "keda.sh", "scaledobjects"): {"get", "list"},
-        ("ClusterRole", "apps", "deployments"): {"get", "list"},
-        ("ClusterRole", "", "events"): {"create", "patch"},
-        ("Role", "apps", "deployments"): {"create", "patch"},
-        ("Role", "coordination.k8s.io", "leases"): {"get", "create", "update"},
-    }
-    for (_, group, resource), verbs in grants.items():
-        assert "*" not in {group, resource, *verbs}
+        for rule in role["rules"]:
+            assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, rule
+            if role["kind"] == "ClusterRole":
+                assert "resourceNames" not in rule, rule
+                scope = CLUSTER
+            elif namespace == args.event_namespace and _is_events_rbac(role):
+                assert "resourceNames" not in rule, rule
+                scope = EVENTS
+            elif namespace == args.namespace and "resourceNames" in rule:
+                # get/update on the Lease are limited to the companion's own.
+                assert rule["resources"] == ["leases"], rule
+                assert rule["resourceNames"] == [args.lease_name], rule
+                scope = LEASE
+            elif namespace == args.namespace:
+                scope = NAMESPACE
+            else:
+                raise AssertionError(f"{role['kind']} in unexpected namespace {namespace!r}")
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        grant = (group, resource, verb, scope)
+                        assert grant not in grants, f"granted twice: {grant}"
+                        grants.add(grant)
+    return grants
+
+
+def test_companion_rbac_grants_exactly_what_it_uses() -> None:
+    """The rules grant exactly kube.API_ACCESS, the requests the companion's code sends (checked
+    against every request in tests/test_companion_kube.py): nothing more, nothing missing."""
+    from scaler.companion.kube import API_ACCESS
+
+    grants = _companion_grants()
+    assert sorted(grants - API_ACCESS) == [], "granted but never used"
+    assert sorted(API_ACCESS - grants) == [], "used but not granted"
+    for group, resource, verb, _ in grants:
+        assert "*" not in {group, resource, verb}
         assert resource != "secrets"
-    # get/update on the Lease are limited to the companion's own; create cannot be limited.
-    role = _only("Role", _companion_objects())
-    named = [r for r in role["rules"] if "resourceNames" in r]
-    assert named == [
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "resourceNames": [_companion_args().lease_name],
-            "verbs": ["get", "update"],
-        }
-    ]
+        assert verb not in ("delete", "deletecollection", "escalate", "bind", "impersonate")
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
+def test_companion_kustomize_build_keeps_the_events_role_in_the_event_namespace() -> None:
+    """`kubectl kustomize deploy/companion`: the kustomization's `namespace:` moves everything to
+    the companion's namespace, and its transformer moves the Events Role and binding back."""
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(COMPANION)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if built.returncode != 0:
+        pytest.skip(f"kubectl kustomize failed: {built.stderr.strip()[:200]}")
+    args = _companion_args()
+    placed = {
+        (obj["kind"], obj["metadata"]["name"]): obj["metadata"].get("namespace")
+        for obj in yaml.safe_load_all(built.stdout)
+    }
+    assert placed == {
+        (obj["kind"], obj["metadata"]["name"]): (
+            None
+            if obj["kind"] in CLUSTER_SCOPED
+            else args.event_namespace
+            if _is_events_rbac(obj)
+            else args.namespace
+        )
+        for _, _, obj in _companion_objects()
+    }
 
 
 def test_companion_deployment_is_hardened_and_probed_on_its_metrics_port() -> None:
@@ -663,6 +727,24 @@ def test_companion_deployment_is_hardened_and_probed_on_its_metrics_port() -> No
     host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
     assert args.scaler_url == f"http://{host}:{metrics_port}"
     assert args.priority_class == _only("PriorityClass", _companion_objects())["metadata"]["name"]
+
+
+def test_companion_cli_defaults_agree_with_deploy() -> None:
+    """Run without flags, the companion still matches deploy/companion: the PriorityClass its
+    placeholders name, the Lease its Role lets it renew, the namespace its Events Role covers."""
+    from scaler.cli import parser
+
+    defaults = parser().parse_args(["companion"])
+    assert (
+        defaults.priority_class == _only("PriorityClass", _companion_objects())["metadata"]["name"]
+    )
+    assert (
+        defaults.priority_class
+        == _placeholder_template()["spec"]["template"]["spec"]["priorityClassName"]
+    )
+    assert defaults.lease_name == _companion_args().lease_name
+    events_role = [obj for _, _, obj in _companion_objects() if _is_events_rbac(obj)]
+    assert {obj["metadata"]["namespace"] for obj in events_role} == {defaults.event_namespace}
 
 
 def test_placeholder_priority_class_exists_and_is_below_every_real_pod() -> None:

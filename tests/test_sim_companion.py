@@ -12,9 +12,11 @@ import pytest
 
 from scaler import cli
 from scaler.companion.model import CompanionConfig
+from scaler.outlook import Outlook
+from scaler.policy import Decision, Reason
 from scaler.sim.cluster import Cluster, ClusterConfig
 from scaler.sim.fleet import Fleet, StepStats
-from scaler.sim.policies import ScalerPolicy
+from scaler.sim.policies import ScalerPolicy, scaler_metadata
 from scaler.sim.prewarm import FORECAST, PREWARM, Prewarm, with_forecast
 from scaler.sim.profiles import P4D_24XLARGE, get_profile
 from scaler.sim.report import measure, table, to_json
@@ -206,3 +208,31 @@ def test_cli_companion_adds_the_rows_and_keys(capsys: pytest.CaptureFixture[str]
     assert {"node_hours", "replica_start_p99_s", "scale_from_zero_s"} <= set(found["policies"][0])
     args = ["bench", "replay", "--trace", str(TRACE), "--companion", "--full-stack"]
     assert cli.main(args) == 2
+
+
+def test_the_simulated_companion_counts_pending_replicas_and_caps_at_max_replicas() -> None:
+    """3 replicas just created (Pending: the cluster is already launching nodes for them), the q90
+    forecast says 12 but maxReplicas is 8: placeholders for 8 - 3 = 5 GPUs, not 12 or 8."""
+    scaler = ScalerPolicy(scaler_metadata(8.0, 2.0, 180.0, 8, {"forecast": "on"}))
+    assert scaler.spec.max_replicas == 8
+    outlook = Outlook(point_max=10.0, upper_max=12.0, model="test", horizon_s=300.0, made_at=0.0)
+    scaler.decision = Decision(
+        workload="bench/llama-3-8b",
+        metric_name="queue",
+        at=0.0,
+        replicas=3,
+        active=True,
+        reason=Reason.CURRENT_NEED,
+        need=3.0,
+        in_flight=None,
+        arrival_rate=None,
+        detail="",
+        outlook=outlook,
+    )
+    prewarm = Prewarm(scaler, CompanionConfig(max_placeholders=100))
+    cluster = _cluster()
+    cluster.scale_to(0.0, 3)
+    assert cluster.live_nodes == 0  # the pods are Pending: no node is ready yet
+    got = prewarm.companion_pass(0.0, cluster)
+    assert got.forecast_gpus == 8.0
+    assert got.placeholders == 5, got.reasons

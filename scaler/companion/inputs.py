@@ -17,6 +17,7 @@ from typing import Any
 from scaler.companion.model import GPU_RESOURCE, NODEPOOL_ANNOTATION, Placement, WorkloadDemand
 
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
+KEDA_DEFAULT_MAX_REPLICAS = 100  # a ScaledObject's spec.maxReplicaCount when unset
 # A decision stamped further ahead than this is refused: a future `at` would never go stale, so
 # a stuck scaler (or a skewed clock) would be trusted forever.
 FUTURE_TOLERANCE_S = 60.0
@@ -212,14 +213,28 @@ def _gpus_per_replica(spec: Mapping[str, Any]) -> int:
     return total
 
 
+def _max_replicas(scaled_object: Mapping[str, Any]) -> int:
+    """spec.maxReplicaCount of the ScaledObject (an integer >= 0), KEDA's default when unset."""
+    spec = _mapping(scaled_object.get("spec"), "ScaledObject spec")
+    value = spec.get("maxReplicaCount")
+    if value is None:
+        return KEDA_DEFAULT_MAX_REPLICAS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlacementError(
+            f"ScaledObject spec.maxReplicaCount is {value!r}; expected an integer >= 0"
+        )
+    return value
+
+
 def placement(
     workload: str,
     scaled_object: Mapping[str, Any],
     pod_template: Mapping[str, Any],
     known_nodepools: set[str],
-    running_pods: int,
+    live_pods: int,
 ) -> Placement:
-    """Where `workload`'s replicas land: its NodePool and the GPUs each replica takes.
+    """Where `workload`'s replicas land: its NodePool, the GPUs each replica takes, and the most
+    replicas it can have (the ScaledObject's spec.maxReplicaCount, KEDA's default 100 if unset).
 
     The NodePool comes from, in order: the annotation NODEPOOL_ANNOTATION on the ScaledObject,
     then on the pod template; the pod spec's nodeSelector karpenter.sh/nodepool; required node
@@ -227,9 +242,11 @@ def placement(
     because only a human knows where a pod that several NodePools could take will land.
     `pod_template` is the workload's spec.template (metadata + spec). Tolerations are not
     checked: a pod that does not tolerate the GPU taint would not run there either way.
+    `live_pods` is the workload's pods that hold or are getting GPUs (Pending or Running, not
+    terminating; see `Placement.live_pods`).
     """
     try:
-        return _placement(workload, scaled_object, pod_template, known_nodepools, running_pods)
+        return _placement(workload, scaled_object, pod_template, known_nodepools, live_pods)
     except PlacementError as exc:
         raise PlacementError(f"{workload}: {exc}") from None
 
@@ -239,10 +256,11 @@ def _placement(
     scaled_object: Mapping[str, Any],
     pod_template: Mapping[str, Any],
     known_nodepools: set[str],
-    running_pods: int,
+    live_pods: int,
 ) -> Placement:
-    if running_pods < 0:
-        raise PlacementError(f"running_pods is {running_pods}; expected >= 0")
+    if live_pods < 0:
+        raise PlacementError(f"live_pods is {live_pods}; expected >= 0")
+    max_replicas = _max_replicas(scaled_object)
     spec = _mapping(pod_template.get("spec"), "spec")
     nodepool: str | None = None
     source = ""
@@ -265,7 +283,7 @@ def _placement(
         source = "affinity"
     if nodepool is None:
         raise PlacementError(
-            "no NodePool found; set the annotation {NODEPOOL_ANNOTATION} on the "
+            f"no NodePool found; set the annotation {NODEPOOL_ANNOTATION} on the "
             f"ScaledObject, or pin the pods with nodeSelector {NODEPOOL_LABEL}"
         )
     if nodepool not in known_nodepools:
@@ -277,6 +295,7 @@ def _placement(
         workload=workload,
         nodepool=nodepool,
         gpus_per_replica=_gpus_per_replica(spec),
-        running_pods=running_pods,
+        live_pods=live_pods,
         source=source,
+        max_replicas=max_replicas,
     )

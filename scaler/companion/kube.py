@@ -18,8 +18,15 @@ after; otherwise (protection off, or none) the placeholders go first and the Nod
 So budgets are added before capacity moves and removed only after placeholders are scaled, and a
 lowered GPU limit never lands before its placeholders are gone. A failure stops the pass.
 
-Only the leader of a coordination.k8s.io/v1 Lease writes. With dry_run nothing is sent at all
-(not even the Lease): each write is printed as one JSON line with its target.
+Only the leader of a coordination.k8s.io/v1 Lease writes; on shutdown it gives the Lease up
+(holderIdentity null) so a standby takes over at its next pass instead of after the lease
+duration. With dry_run nothing is sent at all (not even the Lease): each write is printed as one
+JSON line with its target.
+
+Every API call this module makes is listed in `API_ACCESS` (group, resource, verb, scope);
+deploy/companion/rbac.yaml grants exactly that set, and the tests check both sides: the manifest
+against the constant (tests/test_manifests.py) and every request the companion sends to the API
+emulator against it (tests/test_companion_kube.py).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from scaler.companion.model import (
     Placement,
 )
 from scaler.companion.patches import (
+    PAUSE_IMAGE,
     nodepool_patch,
     placeholder_deployment,
     placeholder_scale_patch,
@@ -68,6 +76,39 @@ MERGE_PATCH = "application/merge-patch+json"
 STRICT = "Strict"
 FIELD_MANAGER = MANAGED_BY
 
+# Pods that hold or are getting GPUs; the API server filters the rest out (Unknown is kept for
+# the list and dropped here).
+LIVE_PHASES = ("Pending", "Running")
+LIVE_PHASES_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+
+# Scopes of API_ACCESS: where the permission must hold.
+CLUSTER = "cluster"  # any namespace, or cluster-scoped objects (ClusterRole)
+NAMESPACE = "namespace"  # the companion's --namespace only (Role there)
+LEASE = "lease"  # the companion's --namespace, on the Lease named --lease-name only
+EVENTS = "events"  # the --event-namespace only (Role there)
+# Every request this module sends, as (API group, resource, verb, scope): RBAC must grant exactly
+# these (deploy/companion/rbac.yaml; tests/test_manifests.py compares the two).
+API_ACCESS: frozenset[tuple[str, str, str, str]] = frozenset(
+    {
+        # read_sync lists NodePools; a retried patch re-gets one; patches touch only the fields
+        # the companion owns (patches.nodepool_patch).
+        (NODEPOOL_GROUP, NODEPOOL_PLURAL, "list", CLUSTER),
+        (NODEPOOL_GROUP, NODEPOOL_PLURAL, "get", CLUSTER),
+        (NODEPOOL_GROUP, NODEPOOL_PLURAL, "patch", CLUSTER),
+        ("", "nodes", "list", CLUSTER),  # Ready nodes per NodePool and their allocatable GPUs
+        ("", "pods", "list", CLUSTER),  # live pods: GPUs in use, each workload's live replicas
+        (KEDA_GROUP, SCALEDOBJECT_PLURAL, "get", CLUSTER),  # scaleTargetRef, maxReplicaCount
+        ("apps", "deployments", "get", CLUSTER),  # a workload's pod template, in its namespace
+        ("apps", "deployments", "list", NAMESPACE),  # the placeholder Deployments
+        ("apps", "deployments", "create", NAMESPACE),
+        ("apps", "deployments", "patch", NAMESPACE),  # placeholder replicas only
+        ("coordination.k8s.io", "leases", "get", LEASE),
+        ("coordination.k8s.io", "leases", "update", LEASE),  # renew, release
+        ("coordination.k8s.io", "leases", "create", NAMESPACE),  # cannot be limited to a name
+        ("", "events", "create", EVENTS),
+    }
+)
+
 
 class KubeError(Exception):
     """A read or write against the Kubernetes API failed (after retries); names what and why."""
@@ -80,9 +121,9 @@ class KubeSettings:
     namespace: str
     identity: str
     lease_name: str = "gpu-queue-scaler-companion"
-    lease_duration_s: int = 30
-    placeholder_image: str = "registry.k8s.io/pause:3.10"
-    priority_class: str = "gpu-queue-scaler-placeholder"
+    lease_duration_s: int = 45  # the CLI's --lease-duration default and deploy/companion's
+    placeholder_image: str = PAUSE_IMAGE
+    priority_class: str = "gpu-placeholder"  # deploy/companion/priorityclass.yaml
     taint_key: str = GPU_RESOURCE
     # Events about a cluster-scoped NodePool go to `default`, as client-go's recorder puts them,
     # so `kubectl describe nodepool` shows them.
@@ -161,6 +202,14 @@ def _labels(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def _is_placeholder(obj: Mapping[str, Any]) -> bool:
     return _labels(obj).get(MANAGED_BY_LABEL) == MANAGED_BY
+
+
+def _phase(pod: Mapping[str, Any]) -> object:
+    return _dict(pod.get("status")).get("phase")
+
+
+def _terminating(pod: Mapping[str, Any]) -> bool:
+    return _dict(pod.get("metadata")).get("deletionTimestamp") is not None
 
 
 def _node_ready(node: Mapping[str, Any]) -> bool:
@@ -282,6 +331,7 @@ class Kube:
         self._apps: Any = client.AppsV1Api(api_client)
         self._coordination: Any = client.CoordinationV1Api(api_client)
         self._leader_until = 0.0  # wall clock until which our Lease is known to be ours
+        self.events_failed = 0  # Events that could not be created (best effort; counted)
 
     # --- plumbing
 
@@ -345,8 +395,8 @@ class Kube:
     # --- reads
 
     def read_sync(self, workloads: Iterable[str]) -> ClusterView:
-        """NodePools, their Ready nodes' GPUs, running pods' GPUs, placeholders, and where each
-        of `workloads` ("namespace/name" of ScaledObjects) is placed."""
+        """NodePools, their Ready nodes' GPUs, the GPUs in use, placeholders, and where each
+        of `workloads` ("namespace/name" of ScaledObjects) is placed, with its live pods."""
         s = self.settings
         nodepools = self._items(
             "listing NodePools (karpenter.sh/v1)",
@@ -361,9 +411,9 @@ class Kube:
             label_selector=NODEPOOL_LABEL,
         )
         pods = self._items(
-            "listing running Pods",
+            "listing Pending and Running Pods",
             self._core.list_pod_for_all_namespaces,
-            field_selector="status.phase=Running",
+            field_selector=LIVE_PHASES_SELECTOR,
         )
         placeholders = self._items(
             f"listing placeholder Deployments in {s.namespace}",
@@ -384,13 +434,11 @@ class Kube:
                 allocatable = _dict(_dict(node.get("status")).get("allocatable"))
                 ready[pool] = ready.get(pool, 0) + _gpus(allocatable.get(GPU_RESOURCE))
 
-        running_pods = [
-            p
-            for p in pods
-            if _dict(p.get("status")).get("phase") == "Running" and not _is_placeholder(p)
-        ]
+        real = [p for p in pods if not _is_placeholder(p)]
+        # GPUs in use on a pool: pods bound to its nodes (Running, or Pending while their
+        # containers start: the GPU is allocated at admission), terminating ones too.
         used: dict[str, int] = {}
-        for pod in running_pods:
+        for pod in (p for p in real if _phase(p) in LIVE_PHASES):
             pool = node_pool.get(str(_dict(pod.get("spec")).get("nodeName")))
             if pool is not None:
                 used[pool] = used.get(pool, 0) + pod_gpus(pod)
@@ -423,7 +471,9 @@ class Kube:
             if isinstance(meta.get("uid"), str):
                 uids[name] = meta["uid"]
 
-        placements, problems = self._placements(workloads, set(pools), running_pods)
+        # A workload's live pods: Pending or Running, not terminating (Placement.live_pods).
+        live = [p for p in real if _phase(p) in LIVE_PHASES and not _terminating(p)]
+        placements, problems = self._placements(workloads, set(pools), live)
         return ClusterView(
             pools=pools,
             placements=placements,
@@ -460,7 +510,7 @@ class Kube:
         self,
         workloads: Iterable[str],
         known: set[str],
-        running_pods: Sequence[Mapping[str, Any]],
+        live_pods: Sequence[Mapping[str, Any]],
     ) -> tuple[dict[str, Placement], list[str]]:
         """Each demanded workload's ScaledObject -> its Deployment's pod template -> Placement.
         A missing object or an unplaceable workload is a problem of that workload only."""
@@ -501,15 +551,15 @@ class Kube:
                 continue
             spec = _dict(deployment.get("spec"))
             selector = _dict(spec.get("selector"))
-            running = sum(
+            live = sum(
                 1
-                for pod in running_pods
+                for pod in live_pods
                 if _dict(pod.get("metadata")).get("namespace") == namespace
                 and selector_matches(selector, _labels(pod))
             )
             try:
                 placements[workload] = placement(
-                    workload, scaled, _dict(spec.get("template")), known, running
+                    workload, scaled, _dict(spec.get("template")), known, live
                 )
             except PlacementError as exc:
                 problems.append(str(exc))
@@ -619,6 +669,65 @@ class Kube:
         import asyncio
 
         return await asyncio.to_thread(self.elect_sync, now)
+
+    def release_sync(self, now: float) -> bool:
+        """Give the Lease up if we hold it: holderIdentity null (an empty holder is expired to
+        every companion), so a standby takes over at its next pass instead of after
+        leaseDurationSeconds. True when released; never raises (shutdown must go on), and does
+        nothing in dry-run or when another holds it (a 409 means someone else wrote it)."""
+        from kubernetes.client.exceptions import ApiException
+
+        s = self.settings
+        self._leader_until = 0.0
+        if s.dry_run:
+            return False
+        what = f"Lease {s.namespace}/{s.lease_name}"
+        timeout = s.request_timeout_s
+        try:
+            response = self._coordination.read_namespaced_lease(
+                s.lease_name, s.namespace, _preload_content=False, _request_timeout=timeout
+            )
+            lease = self._json(response)
+            spec = _dict(lease.get("spec"))
+            if spec.get("holderIdentity") != s.identity:
+                return False
+            released: dict[str, Any] = {
+                "leaseDurationSeconds": spec.get("leaseDurationSeconds") or s.lease_duration_s,
+                "renewTime": micro_time(now),
+                "leaseTransitions": int(spec.get("leaseTransitions") or 0),
+            }
+            if spec.get("acquireTime"):
+                released["acquireTime"] = spec["acquireTime"]
+            meta = _dict(lease.get("metadata"))
+            body: dict[str, Any] = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": s.lease_name,
+                    "namespace": s.namespace,
+                    "resourceVersion": meta.get("resourceVersion"),
+                },
+                "spec": released,  # no holderIdentity: released
+            }
+            self._coordination.replace_namespaced_lease(
+                s.lease_name, s.namespace, body, _request_timeout=timeout
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                log.warning(
+                    "%s", _describe(f"releasing {what}", exc), extra={"event": "lease_error"}
+                )
+            return False
+        except Exception as exc:
+            log.warning("%s", _describe(f"releasing {what}", exc), extra={"event": "lease_error"})
+            return False
+        log.info("released the Lease", extra={"event": "lease_released", "lease": what})
+        return True
+
+    async def release(self, now: float) -> bool:
+        import asyncio
+
+        return await asyncio.to_thread(self.release_sync, now)
 
     # --- writes
 
@@ -881,6 +990,7 @@ class Kube:
                 retry=False,
             )
         except KubeError as exc:
+            self.events_failed += 1
             log.warning("%s", exc, extra={"event": "event_failed", "nodepool": write.nodepool})
 
     def event_body(

@@ -45,8 +45,14 @@ class Placement:
     workload: str  # "namespace/name" of the ScaledObject
     nodepool: str  # Karpenter NodePool name
     gpus_per_replica: int  # the pod template's nvidia.com/gpu request (limits if no request)
-    running_pods: int  # pods of the workload running now (not placeholders)
+    # Pods of the workload that hold or are getting their GPUs: phase Pending or Running and not
+    # terminating (no deletionTimestamp); placeholders never count. A Pending GPU pod already
+    # makes Karpenter launch a node for it, so it is capacity on order, not a gap to pre-warm.
+    live_pods: int
     source: str  # how the NodePool was found: "annotation" | "nodeSelector" | "affinity"
+    # The ScaledObject's spec.maxReplicaCount (KEDA's default 100 when unset): the HPA never
+    # creates more pods, so a forecast above it buys nothing. None: no cap known.
+    max_replicas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,9 @@ class NodePoolState:
 
     name: str
     ready_gpus: int  # allocatable nvidia.com/gpu on Ready nodes labelled karpenter.sh/nodepool=name
-    running_gpus: int  # nvidia.com/gpu requested by running non-placeholder pods on those nodes
+    # nvidia.com/gpu of the non-placeholder pods bound to those nodes (Running, or Pending while
+    # their containers start), i.e. GPUs in use
+    running_gpus: int
     gpu_limit: str | None  # spec.limits["nvidia.com/gpu"] as stored (None: unset)
     budgets: tuple[dict[str, object], ...]  # spec.disruption.budgets as stored
     annotations: dict[str, str] = field(default_factory=dict)

@@ -5,22 +5,27 @@ passed in and returned, so a pass can be logged, replayed and tested.
 `plan(demands, placements, pools, config, state, now)` applies, per NodePool (sorted by name):
 
 1. forecast GPUs = sum over the pool's workloads of
-   max(replicas, ceil(forecast_replicas or 0)) x gpus_per_replica: the scaler's target covers
-   now, its q90 forecast covers the horizon (cold start + polling), so both are capacity the
-   pool must hold. Several decisions of one workload (one per trigger) merge as KEDA does: the
-   highest replicas and forecast, active if any is.
+   min(max(replicas, ceil(forecast_replicas or 0)), max_replicas) x gpus_per_replica: the
+   scaler's target covers now, its q90 forecast covers the horizon (cold start + polling), so
+   both are capacity the pool must hold, up to the ScaledObject's maxReplicaCount (the HPA never
+   creates more pods, so capacity above it would be bought for nothing). Several decisions of one
+   workload (one per trigger) merge as KEDA does: the highest replicas and forecast, active if
+   any is.
 2. fail static: a workload with no decision, or one older than `stale_after_s`, is unknown; its
    pool is held: nothing is lowered on data the companion lacks. Placeholders do not fall
    (they may rise on the known workloads' forecast), a peak budget present stays, and a GPU
    limit guard stays only if it is on already and no known workload wants capacity.
-3. placeholders = ceil(max(0, forecast GPUs - running GPUs) / placeholder_gpus), capped at
-   `max_placeholders`; running GPUs = what the workloads' running pods hold now. Placeholders
-   are negative-priority pause pods pinned to the pool, so they stand for exactly the GPUs the
-   workloads will need and do not hold yet: where the ready nodes lack them, the pending
-   placeholders make Karpenter launch nodes a horizon early; where free GPUs exist they keep
-   those nodes from being consolidated; when a real replica comes, it preempts one.
+3. placeholders = ceil(max(0, forecast GPUs - live GPUs) / placeholder_gpus), capped at
+   `max_placeholders`; live GPUs = what the workloads' live pods (`Placement.live_pods`: Pending
+   or Running, not terminating) hold or are getting. A Pending GPU pod already makes Karpenter
+   launch a node for it, so counting only Running pods would buy placeholders for GPUs already
+   on order. Placeholders are negative-priority pause pods pinned to the pool, so they stand for
+   exactly the GPUs the workloads will need and have not asked for yet: where the ready nodes
+   lack them, the pending placeholders make Karpenter launch nodes a horizon early; where free
+   GPUs exist they keep those nodes from being consolidated; when a real replica comes, it
+   preempts one.
 4. scale to zero: every workload on the pool at replicas 0, not active, forecast 0 (or no
-   forecast) and no pod running -> no placeholders and no peak budget, so Karpenter's WhenEmpty
+   forecast) and no live pod -> no placeholders and no peak budget, so Karpenter's WhenEmpty
    consolidation removes the nodes after consolidateAfter.
 5. peak budget (`nodes: "0"` for Underutilized/Empty): present while forecast GPUs rise over the
    last pass's (by more than `peak_rise_fraction` x ready GPUs) or exceed the ready GPUs (the
@@ -70,23 +75,38 @@ class _Workload:
     demand: WorkloadDemand | None  # None: missing or stale (unknown)
 
     @property
-    def running_gpus(self) -> int:
-        return self.placement.running_pods * self.placement.gpus_per_replica
+    def live_gpus(self) -> int:
+        """GPUs the workload's live pods (Pending or Running) hold or are getting."""
+        return self.placement.live_pods * self.placement.gpus_per_replica
+
+    @property
+    def wanted_replicas(self) -> int:
+        """The scaler's target or its forecast, whichever is higher, capped at maxReplicaCount."""
+        assert self.demand is not None
+        replicas = max(self.demand.replicas, ceil_replicas(self.demand.forecast_replicas))
+        cap = self.placement.max_replicas
+        return replicas if cap is None else min(replicas, cap)
+
+    @property
+    def capped(self) -> bool:
+        """The forecast (or target) asked for more replicas than maxReplicaCount allows."""
+        assert self.demand is not None
+        cap = self.placement.max_replicas
+        replicas = max(self.demand.replicas, ceil_replicas(self.demand.forecast_replicas))
+        return cap is not None and replicas > cap
 
     @property
     def forecast_gpus(self) -> int:
-        assert self.demand is not None
-        replicas = max(self.demand.replicas, ceil_replicas(self.demand.forecast_replicas))
-        return replicas * self.placement.gpus_per_replica
+        return self.wanted_replicas * self.placement.gpus_per_replica
 
     @property
     def quiet(self) -> bool:
-        """Known, at zero, not active, nothing forecast, no pod running."""
+        """Known, at zero, not active, nothing forecast, no live pod."""
         return (
             self.demand is not None
             and self.forecast_gpus == 0
             and not self.demand.active
-            and self.placement.running_pods == 0
+            and self.placement.live_pods == 0
         )
 
 
@@ -164,12 +184,12 @@ def _plan_pool(
     known = [w for w in workloads if w.demand is not None]
     held = len(known) < len(workloads)
     forecast_gpus = sum(w.forecast_gpus for w in known)
-    running_gpus = sum(w.running_gpus for w in known)
+    live_gpus = sum(w.live_gpus for w in known)
     budget_now = any(is_peak_budget(b) for b in pool.budgets)
     outside_hours = not in_active_hours(config.active_hours_utc, now)
 
-    # Rules 1, 3: placeholders for the gap between the forecast and what runs.
-    gap = max(0, forecast_gpus - running_gpus)
+    # Rules 1, 3: placeholders for the gap between the forecast and what runs or is on order.
+    gap = max(0, forecast_gpus - live_gpus)
     wanted = math.ceil(gap / max(1, config.placeholder_gpus))
     placeholders = min(config.max_placeholders, wanted)
     idle = not held and all(w.quiet for w in workloads)
@@ -180,9 +200,15 @@ def _plan_pool(
     else:
         capped = f" (capped at {config.max_placeholders})" if wanted > placeholders else ""
         reasons.append(
-            f"forecast {_fmt(forecast_gpus)} GPUs, {running_gpus} running: "
+            f"forecast {_fmt(forecast_gpus)} GPUs, {live_gpus} running or pending: "
             f"{placeholders} placeholder(s){capped}"
         )
+        for w in known:
+            if w.capped:
+                reasons.append(
+                    f"{w.placement.workload}: forecast capped at maxReplicaCount "
+                    f"{w.placement.max_replicas}"
+                )
     if held:
         reasons.extend(stale_notes)
         current = pool.placeholders or 0

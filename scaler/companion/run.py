@@ -12,6 +12,11 @@ One pass, in order:
 4. `plan.plan` over the NodePools the companion manages: those a workload is placed on, or that
    carry its placeholders or its annotations. Every other NodePool is someone else's;
 5. the leader applies the diffs. Idempotent: a second pass with nothing changed sends nothing.
+   An Event that cannot be created does not fail the pass; it counts in
+   errors_total{stage="event"}.
+
+When the loop ends (stop event, or --once) the leader releases its Lease, so a standby takes
+over at its next pass rather than after the lease duration.
 
 Bounded: each request has a timeout and retries a few times; the loop waits at most `interval`
 between passes and stops as soon as the stop event is set.
@@ -67,7 +72,7 @@ class CompanionMetrics:
         )
         self.errors = Counter(
             PREFIX + "errors",
-            "Errors by stage (lease, decisions, read, write)",
+            "Errors by stage (lease, decisions, read, write, event, pass)",
             ["stage"],
             registry=registry,
         )
@@ -211,6 +216,7 @@ class Companion:
             return self._end(
                 PassResult("follower", leader, tuple(plans), (), tuple(problems), view=view)
             )
+        events_failed = self.kube.events_failed
         try:
             writes = await self.kube.apply(view, plans, self.config, now)
         except KubeError as exc:
@@ -221,6 +227,9 @@ class Companion:
                 "write",
                 "write failed; the rest of this pass is skipped, retried next pass",
             )
+        finally:
+            if self.kube.events_failed > events_failed:
+                m.errors.labels("event").inc(self.kube.events_failed - events_failed)
         for write in writes:
             m.writes.labels(write.kind).inc()
         m.last_success.set(now)
@@ -266,12 +275,23 @@ class Companion:
                 log.exception("companion pass failed", extra={"event": "companion_pass_error"})
             done += 1
             wait = max(0.0, self.settings.interval_s - (time.monotonic() - started))
+            if stop.is_set() or (max_passes is not None and done >= max_passes):
+                break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=wait)
+        await self.release()
         return done
 
+    async def release(self) -> bool:
+        """Give the Lease up if this companion holds it (not in dry-run); never raises."""
+        if self.kube.settings.dry_run:
+            return False
+        released = await self.kube.release(self._clock())
+        self.metrics.leader.set(0.0)
+        return released
 
-def api_client(kubeconfig: str | None) -> object:
+
+def api_client(kubeconfig: str | None) -> Any:
     """A kubernetes ApiClient: --kubeconfig if given, else in-cluster, else ~/.kube/config (as
     scaler.sources.discovery does). urllib3's own retries are off: tenacity is the one layer."""
     from kubernetes import client
@@ -352,7 +372,9 @@ def command(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            # Only the main thread can take signals (an in-process caller may run us in another).
+            with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
         companion = Companion(
             Kube(client, settings),
             RunSettings(
@@ -367,6 +389,7 @@ def command(args: argparse.Namespace) -> int:
             await companion.run(stop, max_passes=1 if args.once else None)
         finally:
             await companion.close()
+            client.close()
         return 0
 
     return asyncio.run(run())

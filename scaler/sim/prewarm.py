@@ -7,10 +7,14 @@ placeholders with `Cluster.set_placeholders`:
 
 - demand: the scaler's latest Decision (replicas, active, forecast = its Outlook's q90 maximum
   within the horizon, absent with forecast off);
-- placement: one workload, one GPU per replica, running pods = pods in phase Running, i.e. bound
-  to a ready node (loading, serving or draining): a loading pod already holds its GPU;
-- NodePool: ready GPUs on ready live nodes, GPUs of those running pods, no limit, no budgets
-  (consolidation in the simulator is WhenEmpty only, so a peak budget changes nothing here).
+- placement: one workload, one GPU per replica, live pods = every live replica of the
+  simulated Deployment (pending, loading or serving; not draining, which is a deleted pod), as
+  kube.py counts Pending and Running pods that are not terminating: a pending pod already makes
+  Karpenter launch a node, so it is capacity on order, not a gap to pre-warm; max replicas = the
+  scaler spec's max_replicas (the ScaledObject's maxReplicaCount);
+- NodePool: ready GPUs on ready live nodes, GPUs of the pods bound to a ready node (loading,
+  serving or draining: a loading pod already holds its GPU), no limit, no budgets (consolidation
+  in the simulator is WhenEmpty only, so a peak budget changes nothing here).
 
 The scaler under the companion runs with forecast=on (pre-warm follows the forecast), so the
 bench also runs `scaler+forecast`, the same scaler without the companion: the gap between the two
@@ -39,7 +43,8 @@ PREWARM = "scaler+prewarm"
 COMPANION_INTERVAL_S = 15.0  # the companion's default --interval
 WORKLOAD = "bench/llama-3-8b"
 NODEPOOL = "gpu"
-RUNNING = (Phase.LOADING, Phase.READY, Phase.DRAINING)
+RUNNING = (Phase.LOADING, Phase.READY, Phase.DRAINING)  # bound to a ready node: GPUs in use
+LIVE = (Phase.PENDING, Phase.LOADING, Phase.READY)  # the Deployment's replicas, not terminating
 
 
 def with_forecast(policy: ScalerPolicy, name: str = FORECAST) -> ScalerPolicy:
@@ -93,10 +98,13 @@ class Prewarm:
                 )
             )
         running = sum(1 for p in cluster.pods.values() if p.phase in RUNNING)
+        live = sum(1 for p in cluster.pods.values() if p.phase in LIVE)
         ready_nodes = sum(
             1 for n in cluster.nodes.values() if n.terminated_at is None and n.ready_at <= at
         )
-        placement = Placement(WORKLOAD, NODEPOOL, 1, running, "annotation")
+        placement = Placement(
+            WORKLOAD, NODEPOOL, 1, live, "annotation", max_replicas=self.scaler.spec.max_replicas
+        )
         pool = NodePoolState(
             name=NODEPOOL,
             ready_gpus=ready_nodes * cluster.cfg.node.gpus,
