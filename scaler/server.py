@@ -7,6 +7,11 @@ finish within the grace period, the per-workload loops stop, and the process exi
 arrive after the drain are refused by gRPC (UNAVAILABLE or CANCELLED) and KEDA retries them.
 A loop that does not stop within STOP_LOOPS_S (a bug) is logged (`stop_timeout`) and the process
 exits 1 instead of hanging until Kubernetes kills it.
+
+Transport: TLS or mTLS with certificates reloaded on change when `tls` is given (scaler/tls.py),
+else plaintext (the CLI allows that only with `--insecure-plaintext`; in-process users such as the
+tests and the simulator listen on loopback). `health_address` adds a plaintext port serving only
+grpc.health.v1, for Kubernetes' gRPC probes, which cannot speak TLS.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from scaler.engine import Engine
 from scaler.http import HttpEndpoint
 from scaler.service import ExternalScalerService
 from scaler.telemetry import DecisionCollector
+from scaler.tls import CertificateReloader, TlsFiles
 from scaler.trigger import TriggerCache
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,10 @@ def split_address(address: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
+def _bind(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class ScalerServer:
     def __init__(
         self,
@@ -62,6 +72,8 @@ class ScalerServer:
         grace_s: float = 10.0,
         config_poll_s: float = CONFIG_POLL_S,
         drain_s: float = 0.0,
+        tls: TlsFiles | None = None,
+        health_address: str | None = None,
     ) -> None:
         self.store = store
         self.engine = engine if engine is not None else Engine(store)
@@ -71,6 +83,11 @@ class ScalerServer:
         self.grace_s = grace_s
         self.config_poll_s = config_poll_s
         self.drain_s = drain_s
+        self.tls = tls
+        self.health_address = health_address
+        self.tls_reloader: CertificateReloader | None = None
+        self.health_port = 0
+        self._health_server: grpc.aio.Server | None = None
         self._collector: DecisionCollector | None = None
         self.port = 0
         self.metrics_port = 0
@@ -91,10 +108,22 @@ class ScalerServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
         )
-        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.port = self._server.add_insecure_port(bind)
+        if self.tls is not None:  # first: unusable certificates are a startup error
+            self.tls_reloader = CertificateReloader(self.tls)
+            self.port = self._server.add_secure_port(
+                _bind(host, port), self.tls_reloader.credentials()
+            )
+        else:
+            self.port = self._server.add_insecure_port(_bind(host, port))
         if self.port == 0:
             raise OSError(f"cannot listen on {self.address}")
+        if self.health_address is not None:
+            hhost, hport = split_address(self.health_address)
+            self._health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_server)
+            self.health_port = self._health_server.add_insecure_port(_bind(hhost, hport))
+            if self.health_port == 0:
+                raise OSError(f"cannot listen on {self.health_address}")
         if self.metrics_address is not None:
             self._collector = DecisionCollector(self.engine.decisions)
             self.registry.register(self._collector)
@@ -103,6 +132,8 @@ class ScalerServer:
             self._http.start()
             self.metrics_port = self._http.port
         await self._server.start()
+        if self._health_server is not None:
+            await self._health_server.start()
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.store.path is not None:
@@ -111,8 +142,26 @@ class ScalerServer:
             )
         log.info(
             "serving",
-            extra={"event": "serving", "port": self.port, "metrics_port": self.metrics_port},
+            extra={
+                "event": "serving",
+                "port": self.port,
+                "metrics_port": self.metrics_port,
+                "health_port": self.health_port,
+                "transport": self.transport,
+                **(
+                    {"cert_sha256": self.tls_reloader.fingerprint}
+                    if self.tls_reloader is not None
+                    else {}
+                ),
+            },
         )
+
+    @property
+    def transport(self) -> str:
+        """One of mtls, tls, plaintext."""
+        if self.tls is None:
+            return "plaintext"
+        return "mtls" if self.tls.mutual else "tls"
 
     async def stop(self) -> None:
         if self._stopping:
@@ -125,6 +174,8 @@ class ScalerServer:
         self._shutdown.set()
         self.engine.release_watchers()
         await self._server.stop(self.grace_s)
+        if self._health_server is not None:
+            await self._health_server.stop(0)
         # Bounded: a stuck workload loop must not keep the process from exiting. Not
         # asyncio.wait_for: on timeout it cancels the close and then waits for it to finish,
         # which a loop that ignores cancellation never lets happen.

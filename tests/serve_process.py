@@ -11,16 +11,31 @@ from pathlib import Path
 
 
 class ServeProcess:
-    """`python -m scaler serve --address 127.0.0.1:0`; the bound port is read from its log."""
+    """`python -m scaler serve --address 127.0.0.1:0`; the bound port is read from its log.
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    Plaintext (`--insecure-plaintext`, on loopback) unless `plaintext=False`, when `args` carry the
+    `--tls-*` flags."""
+
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, plaintext: bool = True
+    ) -> None:
         self.log_path = (
             Path(os.environ.get("TMPDIR", "/tmp"))
             / f"scaler-serve-{os.getpid()}-{time.monotonic_ns()}.log"
         )
         self._log = self.log_path.open("w+")
+        transport = ["--insecure-plaintext"] if plaintext else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scaler", "serve", "--address", "127.0.0.1:0", *args],
+            [
+                sys.executable,
+                "-m",
+                "scaler",
+                "serve",
+                "--address",
+                "127.0.0.1:0",
+                *transport,
+                *args,
+            ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

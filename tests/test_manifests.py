@@ -3,8 +3,10 @@
 Every object under deploy/base, deploy/examples, deploy/companion and deploy/karpenter is validated
 strictly (unknown fields fail):
 built-in kinds with kubernetes_validate, custom resources against the upstream CRDs in deploy/crds
-(see k8s_schema.py). The other tests check what a schema cannot: that the pieces point at each
-other and that the hardening and scaling settings are the intended ones.
+(see k8s_schema.py). cert-manager's CRDs are not in deploy/crds: its objects (deploy/cert-manager)
+are checked structurally against the cert-manager.io/v1 fields they may use. The other tests check
+what a schema cannot: that the pieces point at each other and that the hardening and scaling
+settings are the intended ones.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ COMPANION = DEPLOY / "companion"
 COMPANION_KUSTOMIZATION = COMPANION / "kustomization.yaml"
 PLACEHOLDER_TEMPLATE = COMPANION / "placeholder-template.yaml"
 KARPENTER = DEPLOY / "karpenter"
+CERT_MANAGER = DEPLOY / "cert-manager"
+CERT_MANAGER_KUSTOMIZATION = CERT_MANAGER / "kustomization.yaml"
+CERT_MANAGER_GROUP = "cert-manager.io"
 
 CORE_KINDS = {
     "Namespace",
@@ -48,6 +53,7 @@ CORE_KINDS = {
     "PriorityClass",
     "Role",
     "RoleBinding",
+    "NetworkPolicy",
 }
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
 EXTERNAL_TRIGGERS = {"external", "external-push"}
@@ -63,8 +69,9 @@ BASE_FILES = [p for p in _yaml_files(BASE) if p != KUSTOMIZATION]
 EXAMPLE_FILES = _yaml_files(EXAMPLES)
 COMPANION_FILES = [p for p in _yaml_files(COMPANION) if p != COMPANION_KUSTOMIZATION]
 KARPENTER_FILES = _yaml_files(KARPENTER)
+CERT_MANAGER_FILES = [p for p in _yaml_files(CERT_MANAGER) if p != CERT_MANAGER_KUSTOMIZATION]
 OBJECTS = k8s_schema.load_yaml_documents(
-    BASE_FILES + EXAMPLE_FILES + COMPANION_FILES + KARPENTER_FILES
+    BASE_FILES + EXAMPLE_FILES + COMPANION_FILES + KARPENTER_FILES + CERT_MANAGER_FILES
 )
 
 
@@ -79,7 +86,14 @@ def _is_custom(obj: dict[str, Any]) -> bool:
     return k8s_schema.has_crd(group, str(obj.get("kind", "")))
 
 
-CORE_OBJECTS = [entry for entry in OBJECTS if not _is_custom(entry[2])]
+def _is_cert_manager(obj: dict[str, Any]) -> bool:
+    return k8s_schema.split_api_version(str(obj.get("apiVersion", "")))[0] == CERT_MANAGER_GROUP
+
+
+CERT_MANAGER_OBJECTS = [entry for entry in OBJECTS if _is_cert_manager(entry[2])]
+CORE_OBJECTS = [
+    entry for entry in OBJECTS if not _is_custom(entry[2]) and not _is_cert_manager(entry[2])
+]
 CUSTOM_OBJECTS = [entry for entry in OBJECTS if _is_custom(entry[2])]
 
 
@@ -196,9 +210,16 @@ def test_every_object_has_a_schema_kind_we_expect() -> None:
     assert kinds == CORE_KINDS
     assert {obj["kind"] for _, _, obj in CUSTOM_OBJECTS} == {
         "ScaledObject",
+        "ClusterTriggerAuthentication",
         "NodePool",
         "EC2NodeClass",
     }
+    assert {obj["kind"] for _, _, obj in CERT_MANAGER_OBJECTS} == {
+        "Issuer",
+        "ClusterIssuer",
+        "Certificate",
+    }
+    assert all(entry[0].is_relative_to(CERT_MANAGER) for entry in CERT_MANAGER_OBJECTS)
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -367,14 +388,16 @@ def test_deployment_is_hardened_and_probed_over_grpc() -> None:
     args = container["args"]
     assert args[0] == "serve"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": 6000, "metrics": 9090}
+    assert ports == {"grpc": 6000, "health": 6001, "metrics": 9090}
     assert _arg(args, "--address").rsplit(":", 1)[1] == str(ports["grpc"])
     assert _arg(args, "--metrics-address").rsplit(":", 1)[1] == str(ports["metrics"])
+    assert _arg(args, "--health-address").rsplit(":", 1)[1] == str(ports["health"])
 
+    # The kubelet's gRPC probes cannot do TLS: they use the plaintext health-only port.
     for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = container[probe_name]
         assert set(probe) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, probe_name
-        assert probe["grpc"]["port"] == 6000, probe_name
+        assert probe["grpc"]["port"] == ports["health"], probe_name
     assert container["readinessProbe"]["grpc"]["service"] == "externalscaler.ExternalScaler"
     assert container["livenessProbe"]["grpc"].get("service", "") == ""
 
@@ -527,6 +550,319 @@ def test_example_trigger_metadata_parses_with_scaler_schema() -> None:
             resolve(trigger_spec, config)
             checked += 1
     assert checked == 4
+
+
+# --- TLS: mTLS on the gRPC port, cert-manager, NetworkPolicy, KEDA's authentication ---------------
+
+# cert-manager.io/v1 fields (from its API reference) that the objects here may use; anything else
+# is a typo the API server would reject (strict) or prune.
+CERTIFICATE_SPEC = {
+    "additionalOutputFormats", "commonName", "dnsNames", "duration", "emailAddresses",
+    "encodeUsagesInRequest", "ipAddresses", "isCA", "issuerRef", "keystores", "literalSubject",
+    "nameConstraints", "otherNames", "privateKey", "renewBefore", "renewBeforePercentage",
+    "revisionHistoryLimit", "secretName", "secretTemplate", "signatureAlgorithm", "subject", "uris",
+    "usages",
+}  # fmt: skip
+PRIVATE_KEY = {"algorithm": {"RSA", "ECDSA", "Ed25519"}, "encoding": {"PKCS1", "PKCS8"},
+               "rotationPolicy": {"Never", "Always"}, "size": None}  # fmt: skip
+KEY_USAGES = {
+    "signing", "digital signature", "content commitment", "key encipherment", "key agreement",
+    "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any",
+    "server auth", "client auth", "code signing", "email protection", "s/mime", "ipsec end system",
+    "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc",
+}  # fmt: skip
+ISSUER_TYPES = {
+    "selfSigned": {"crlDistributionPoints"},
+    "ca": {"secretName", "crlDistributionPoints", "ocspServers", "issuingCertificateURLs"},
+    "acme": None,
+    "vault": None,
+    "venafi": None,
+}
+ISSUER_KINDS = {"Issuer", "ClusterIssuer"}
+
+
+def _hours(duration: str) -> float:
+    """A Go duration as cert-manager accepts it ("2160h", "90m", "1h30m") in hours."""
+    assert re.fullmatch(r"([0-9]+(\.[0-9]+)?(h|m|s))+", duration), duration
+    unit = {"h": 1.0, "m": 1 / 60, "s": 1 / 3600}
+    return sum(
+        float(n) * unit[u] for n, _, u in re.findall(r"([0-9]+(\.[0-9]+)?)(h|m|s)", duration)
+    )
+
+
+def cert_manager_problems(obj: dict[str, Any]) -> list[str]:
+    """Structural check of a cert-manager.io/v1 Issuer, ClusterIssuer or Certificate."""
+    problems: list[str] = []
+    if obj.get("apiVersion") != f"{CERT_MANAGER_GROUP}/v1":
+        problems.append(f"apiVersion {obj.get('apiVersion')!r}")
+    kind = obj.get("kind")
+    top = set(obj) - {"apiVersion", "kind", "metadata", "spec"}
+    if top:
+        problems.append(f"unknown top-level fields {sorted(top)}")
+    problems += [
+        f"metadata.{p}"
+        for p in k8s_schema._object_meta_problems(obj.get("metadata"), k8s_schema.K8S_VERSION)
+    ]
+    meta, spec = obj.get("metadata") or {}, obj.get("spec")
+    if not isinstance(spec, dict):
+        return [*problems, "spec missing"]
+    if (kind == "ClusterIssuer") == ("namespace" in meta):
+        problems.append("namespace: ClusterIssuer has none, Issuer and Certificate need one")
+    if kind in ISSUER_KINDS:
+        types = set(spec) & set(ISSUER_TYPES)
+        if set(spec) - set(ISSUER_TYPES):
+            problems.append(f"spec: unknown fields {sorted(set(spec) - set(ISSUER_TYPES))}")
+        if len(types) != 1:
+            problems.append(f"spec: exactly one issuer type expected, got {sorted(types)}")
+        for name in types:
+            allowed, body = ISSUER_TYPES[name], spec[name]
+            if not isinstance(body, dict):
+                problems.append(f"spec.{name}: not an object")
+            elif allowed is not None and set(body) - allowed:
+                problems.append(f"spec.{name}: unknown fields {sorted(set(body) - allowed)}")
+        if "ca" in spec and not spec["ca"].get("secretName"):
+            problems.append("spec.ca.secretName missing")
+    elif kind == "Certificate":
+        if set(spec) - CERTIFICATE_SPEC:
+            problems.append(f"spec: unknown fields {sorted(set(spec) - CERTIFICATE_SPEC)}")
+        if not spec.get("secretName"):
+            problems.append("spec.secretName missing")
+        ref = spec.get("issuerRef") or {}
+        if not ref.get("name") or set(ref) - {"name", "kind", "group"}:
+            problems.append(f"spec.issuerRef: {ref!r}")
+        if ref.get("kind", "Issuer") not in ISSUER_KINDS:
+            problems.append(f"spec.issuerRef.kind {ref.get('kind')!r}")
+        key = spec.get("privateKey") or {}
+        for field, value in key.items():
+            if field not in PRIVATE_KEY:
+                problems.append(f"spec.privateKey: unknown field {field!r}")
+            elif PRIVATE_KEY[field] is not None and value not in PRIVATE_KEY[field]:  # type: ignore[operator]
+                problems.append(f"spec.privateKey.{field}: {value!r}")
+        if key.get("algorithm") == "ECDSA" and key.get("size", 256) not in (256, 384, 521):
+            problems.append(f"spec.privateKey.size {key.get('size')!r} for ECDSA")
+        for usage in spec.get("usages", []):
+            if usage not in KEY_USAGES:
+                problems.append(f"spec.usages: {usage!r}")
+        duration = _hours(spec.get("duration", "2160h"))
+        if duration < 1:
+            problems.append("spec.duration below cert-manager's 1h minimum")
+        if "renewBefore" in spec and not 0 < _hours(spec["renewBefore"]) < duration:
+            problems.append("spec.renewBefore must be below duration")
+        for field in ("dnsNames", "usages", "ipAddresses", "uris"):
+            if field in spec and not (
+                isinstance(spec[field], list) and all(isinstance(v, str) for v in spec[field])
+            ):
+                problems.append(f"spec.{field}: a list of strings expected")
+    else:
+        problems.append(f"unexpected kind {kind!r}")
+    return problems
+
+
+@pytest.mark.parametrize("entry", CERT_MANAGER_OBJECTS, ids=_id)
+def test_cert_manager_object_is_structurally_valid(entry: tuple[Path, int, dict[str, Any]]) -> None:
+    _, _, obj = entry
+    assert cert_manager_problems(obj) == []
+
+
+def test_cert_manager_checker_rejects_misspelt_fields() -> None:
+    [server] = [
+        o for _, _, o in CERT_MANAGER_OBJECTS if o["metadata"]["name"] == "gpu-queue-scaler-tls"
+    ]
+    for path, value in (
+        (("spec", "dnsName"), ["x"]),
+        (("spec", "privateKey", "rotation"), "Always"),
+        (("spec", "issuerRef", "namespace"), "x"),
+        (("metadata", "lables"), {}),
+    ):
+        obj = copy.deepcopy(server)
+        *parents, leaf = path
+        target = obj
+        for part in parents:
+            target = target[part]
+        target[leaf] = value
+        assert any(leaf in p for p in cert_manager_problems(obj)), path
+    obj = copy.deepcopy(server)
+    obj["spec"]["usages"] = ["server-auth"]
+    assert cert_manager_problems(obj)
+
+
+def _cert_manager(kind: str, name: str) -> dict[str, Any]:
+    [found] = [
+        o for _, _, o in CERT_MANAGER_OBJECTS if o["kind"] == kind and o["metadata"]["name"] == name
+    ]
+    return found
+
+
+def _secret_volume(secret_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The scaler pod's volume holding Secret `secret_name`, and the container's mount of it."""
+    pod = _only("Deployment", _base_objects())["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == secret_name]
+    [mount] = [m for m in _scaler_container()["volumeMounts"] if m["name"] == volume["name"]]
+    return volume, mount
+
+
+def _server_certificate() -> dict[str, Any]:
+    [server] = [
+        o
+        for _, _, o in CERT_MANAGER_OBJECTS
+        if o["kind"] == "Certificate" and "server auth" in o["spec"].get("usages", [])
+    ]
+    return server
+
+
+def _cluster_trigger_authentication() -> dict[str, Any]:
+    return _only("ClusterTriggerAuthentication")
+
+
+def test_grpc_port_serves_mtls_from_the_mounted_certificate_secret() -> None:
+    from scaler.cli import parser
+
+    args = parser().parse_args(_scaler_container()["args"])  # exits on a flag the CLI lacks
+    assert args.insecure_plaintext is False
+    server = _server_certificate()
+    volume, mount = _secret_volume(server["spec"]["secretName"])
+    assert mount["readOnly"] is True
+    assert "subPath" not in mount  # renewals arrive as a swap of the whole directory
+    assert "items" not in volume["secret"]
+    assert volume["secret"]["defaultMode"] & 0o007 == 0  # not world-readable
+    # cert-manager's keys in a Secret it issues: tls.crt, tls.key and (CA issuer) ca.crt.
+    for flag, key in (("tls_cert", "tls.crt"), ("tls_key", "tls.key"), ("tls_client_ca", "ca.crt")):
+        assert getattr(args, flag) == f"{mount['mountPath']}/{key}", flag
+    assert not PurePosixPath(mount["mountPath"]).is_relative_to(PurePosixPath(args.config).parent)
+
+
+def test_cert_manager_chain_issues_the_server_and_keda_certificates() -> None:
+    ca = _cert_manager("Certificate", "gpu-queue-scaler-ca")
+    assert ca["spec"]["isCA"] is True
+    root = ca["spec"]["issuerRef"]
+    assert root["kind"] == "Issuer"
+    selfsigned = _cert_manager("Issuer", root["name"])
+    assert "selfSigned" in selfsigned["spec"]
+    assert selfsigned["metadata"]["namespace"] == ca["metadata"]["namespace"]
+    # A ClusterIssuer reads its CA Secret from cert-manager's cluster resource namespace.
+    assert ca["metadata"]["namespace"] == "cert-manager"
+    [cluster_issuer] = [o for _, _, o in CERT_MANAGER_OBJECTS if o["kind"] == "ClusterIssuer"]
+    assert cluster_issuer["spec"]["ca"]["secretName"] == ca["spec"]["secretName"]
+    issued_by_ca = {
+        "group": "cert-manager.io",
+        "kind": "ClusterIssuer",
+        "name": cluster_issuer["metadata"]["name"],
+    }
+
+    server = _server_certificate()
+    assert server["metadata"]["namespace"] == _only("Namespace")["metadata"]["name"]
+    assert server["spec"]["issuerRef"] == issued_by_ca
+    assert server["spec"]["privateKey"]["rotationPolicy"] == "Always"
+    # KEDA verifies the scaler against the host of each trigger's scalerAddress.
+    service = _only("Service", _base_objects())["metadata"]
+    for obj in _scaled_objects():
+        for trigger in obj["spec"]["triggers"]:
+            host = trigger["metadata"]["scalerAddress"].rsplit(":", 1)[0]
+            assert host in server["spec"]["dnsNames"], host
+    assert f"{service['name']}.{service['namespace']}.svc" in server["spec"]["dnsNames"]
+
+    [client] = [
+        o
+        for _, _, o in CERT_MANAGER_OBJECTS
+        if o["kind"] == "Certificate" and "client auth" in o["spec"].get("usages", [])
+    ]
+    assert client["spec"]["issuerRef"] == issued_by_ca  # the CA the scaler's ca.crt holds
+    assert "server auth" not in client["spec"]["usages"]
+    assert "client auth" not in server["spec"]["usages"]
+    # In KEDA's namespace: a ClusterTriggerAuthentication reads Secrets there; the NetworkPolicy
+    # admits that namespace.
+    policy = _only("NetworkPolicy", _base_objects())
+    keda_namespaces = [
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        for rule in policy["spec"]["ingress"]
+        if [p["port"] for p in rule["ports"]] == ["grpc"]
+        for peer in rule["from"]
+    ]
+    assert keda_namespaces == [client["metadata"]["namespace"]]
+    refs = {
+        ref["parameter"]: (ref["name"], ref["key"])
+        for ref in _cluster_trigger_authentication()["spec"]["secretTargetRef"]
+    }
+    secret = client["spec"]["secretName"]
+    assert refs == {
+        "caCert": (secret, "ca.crt"),
+        "tlsClientCert": (secret, "tls.crt"),
+        "tlsClientKey": (secret, "tls.key"),
+    }
+
+
+def test_example_scaledobjects_authenticate_with_the_cluster_trigger_authentication() -> None:
+    name = _cluster_trigger_authentication()["metadata"]["name"]
+    for obj in _scaled_objects():
+        for trigger in obj["spec"]["triggers"]:
+            assert trigger["authenticationRef"] == {
+                "name": name,
+                "kind": "ClusterTriggerAuthentication",
+            }, obj["metadata"]["name"]
+            assert trigger["metadata"].get("unsafeSsl", "false") == "false"
+
+
+def test_network_policy_admits_keda_to_grpc_and_only_monitoring_and_companion_to_metrics() -> None:
+    policy = _only("NetworkPolicy", _base_objects())
+    pod_labels = _only("Deployment", _base_objects())["spec"]["template"]["metadata"]["labels"]
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["policyTypes"] == ["Ingress"]
+    container_ports = {p["name"] for p in _scaler_container()["ports"]}
+    by_port: dict[str, list[dict[str, Any]]] = {}
+    for rule in spec["ingress"]:
+        assert rule["from"], "an empty `from` admits everyone"
+        for port in rule["ports"]:
+            assert port["port"] in container_ports
+            assert port["protocol"] == "TCP"
+            by_port.setdefault(port["port"], []).extend(rule["from"])
+    assert set(by_port) == {"grpc", "metrics"}  # health: the kubelet only (node traffic)
+    assert by_port["grpc"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}
+    ]
+    companion_labels = _only("Deployment", _companion_objects())["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    metrics_peers = by_port["metrics"]
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    } in metrics_peers
+    [companion] = [p for p in metrics_peers if "podSelector" in p]
+    assert "namespaceSelector" not in companion  # this namespace only
+    assert companion["podSelector"]["matchLabels"].items() <= companion_labels.items()
+    assert not (companion["podSelector"]["matchLabels"].items() <= pod_labels.items())
+
+
+def test_cert_manager_kustomization_adds_the_pki_to_the_base() -> None:
+    kustomization = yaml.safe_load(CERT_MANAGER_KUSTOMIZATION.read_text(encoding="utf-8"))
+    base = yaml.safe_load(KUSTOMIZATION.read_text(encoding="utf-8"))
+    assert kustomization["kind"] == "Kustomization"
+    assert "namespace" not in kustomization  # the PKI spans three namespaces
+    assert kustomization["labels"] == base["labels"]
+    present = {str(p.relative_to(CERT_MANAGER)) for p in CERT_MANAGER_FILES}
+    assert set(kustomization["resources"]) == {"../base"} | present
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
+def test_cert_manager_kustomize_build_keeps_every_namespace() -> None:
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(CERT_MANAGER)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if built.returncode != 0:
+        pytest.skip(f"kubectl kustomize failed: {built.stderr.strip()[:200]}")
+    placed = {
+        (obj["kind"], obj["metadata"]["name"]): obj["metadata"].get("namespace")
+        for obj in yaml.safe_load_all(built.stdout)
+    }
+    expected = {
+        (obj["kind"], obj["metadata"]["name"]): obj["metadata"].get("namespace")
+        for _, _, obj in _base_objects() + CERT_MANAGER_OBJECTS
+    }
+    assert placed == expected
 
 
 # --- the Karpenter companion (deploy/companion) ---------------------------------------------------
