@@ -318,7 +318,8 @@ def _companion_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cp = sub.add_parser(
         "companion",
         help="Karpenter companion: pre-warm GPU NodePools from the scaler's forecasts "
-        "(placeholder pods, peak disruption budgets, off-hours GPU limit)",
+        "(placeholder pods, peak disruption budgets, off-hours GPU limit) and pack "
+        "scale-downs onto fewer nodes (pod-deletion-cost)",
     )
     cp.add_argument(
         "--scaler-url",
@@ -362,6 +363,14 @@ def _companion_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cp.add_argument("--peak-hold", type=float, default=c.peak_hold_s, metavar="S")
     cp.add_argument("--active-hours", metavar="START-END", help="UTC hours; outside: GPU limit 0")
     cp.add_argument("--stale-after", type=float, default=c.stale_after_s, metavar="S")
+    cp.add_argument(
+        "--no-pack",
+        action="store_true",
+        help="do not set controller.kubernetes.io/pod-deletion-cost on the workloads' pods "
+        "(default: each pod's cost = the GPU pods on its node, so a scale-down empties the "
+        f"least-used node first and Karpenter can remove it; at most {c.pack_max_writes} pod "
+        "patches per pass; it only orders deletions the HPA decided, never adds one)",
+    )
     cp.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     cp.add_argument("--log-format", default="json", choices=["json", "text"])
     cp.set_defaults(run=_companion)
@@ -579,9 +588,11 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--companion",
         action="store_true",
-        help="also run the scaler with forecast=on, alone (scaler+forecast) and with the "
-        "Karpenter companion pre-warming nodes with placeholder pods (scaler+prewarm): "
-        "node-hours, replica start and scale-from-zero latency with and without pre-warm",
+        help="also run the scaler with the Karpenter companion (scaler+companion: default "
+        "metadata, placeholders for its target, scale-downs packed with pod-deletion-cost), and "
+        "with forecast=on alone (scaler+forecast) and with the companion pre-warming nodes with "
+        "placeholder pods (scaler+prewarm): node-hours, replica start and scale-from-zero "
+        "latency with and without the companion",
     )
     rp.add_argument("--json", action="store_true", help="one JSON object")
     rp.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")

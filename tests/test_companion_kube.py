@@ -36,6 +36,7 @@ from scaler.companion.model import (
     PREVIOUS_BUDGETS_ANNOTATION,
     CompanionConfig,
 )
+from scaler.companion.packing import DELETION_COST_ANNOTATION
 from scaler.companion.patches import peak_budget, placeholder_name
 from scaler.companion.run import Companion, PassResult, RunSettings
 from tests.k8s_schema import validate_custom_resource
@@ -206,6 +207,22 @@ class Cluster:
     def nodepool_patches(self) -> list[Any]:
         return [r for r in self.requests() if r.method == "PATCH" and "nodepools" in str(r.url)]
 
+    def pod_patches(self) -> list[Any]:
+        return [
+            r
+            for r in self.requests()
+            if r.method == "PATCH" and r.resource is not None and r.resource.plural == "pods"
+        ]
+
+    def costs(self, *names: str) -> dict[str, str | None]:
+        """Those pods' pod-deletion-cost annotations as stored (None: absent)."""
+        found: dict[str, str | None] = {}
+        for name in names:
+            pod = self.api.get(PODS, APP_NS, name)
+            assert pod is not None, name
+            found[name] = (pod["metadata"].get("annotations") or {}).get(DELETION_COST_ANNOTATION)
+        return found
+
     # --- objects
 
     def nodepool(self) -> dict[str, Any]:
@@ -366,6 +383,13 @@ async def cluster() -> AsyncIterator[Cluster]:
                 assert request.params.get("fieldValidation") == "Strict"
                 assert request.headers.get("Content-Type") == MERGE_PATCH
                 validate_custom_resource(without_nulls(request.data), partial=True)
+            # Every pod PATCH was a merge patch of only the pod-deletion-cost annotation.
+            for request in found.pod_patches():
+                assert request.headers.get("Content-Type") == MERGE_PATCH
+                assert list(request.data) == ["metadata"]
+                assert list(request.data["metadata"]) == ["annotations"]
+                [(key, value)] = request.data["metadata"]["annotations"].items()
+                assert key == DELETION_COST_ANNOTATION and str(int(value)) == value
             # ...and every request is one kube.API_ACCESS lists (what rbac.yaml grants).
             for request in found.requests():
                 assert allowed(request), (request.method, str(request.url))
@@ -530,7 +554,8 @@ async def test_pre_warm_on_a_forecast_ramp(cluster: Cluster, scaler: Scaler, clo
     assert pod_spec["nodeSelector"] == {"karpenter.sh/nodepool": POOL}
     assert created[0].data["metadata"]["labels"][MANAGED_BY_LABEL] == MANAGED_BY
     kinds = [w.kind for w in result.writes]
-    assert kinds == ["nodepool_patch", "placeholder_create"]  # protection first
+    # Protection first; packing after the NodePool's writes (2 pods on node-1 with "other").
+    assert kinds == ["nodepool_patch", "placeholder_create", *["pod_deletion_cost"] * 2]
 
     # The ramp goes on: the placeholders scale (a merge patch of replicas only).
     clock.now += 15
@@ -1189,3 +1214,137 @@ async def test_cli_companion_dry_run_prints_the_writes_and_sends_none(
     assert cluster.requests()  # it did read the cluster...
     assert cluster.writes(lease=True) == []  # ...and wrote nothing, not even the Lease
     assert cluster.placeholders() is None
+
+
+# --- packing: pod-deletion-cost -------------------------------------------------------------------
+
+
+def _two_nodes(cluster: Cluster) -> tuple[list[str], list[str]]:
+    """8 llama pods on an 8-GPU node, 2 on another (and "other" beside nothing of ours)."""
+    cluster.add_node("node-8", 8)
+    cluster.add_node("node-2", 8)
+    full = [f"llama-full-{i}" for i in range(8)]
+    thin = [f"llama-thin-{i}" for i in range(2)]
+    for name in full:
+        cluster.add_pod(name, node="node-8")
+    for name in thin:
+        cluster.add_pod(name, node="node-2")
+    return full, thin
+
+
+async def test_packing_costs_are_the_pods_on_each_node_and_a_second_pass_sends_none(
+    cluster: Cluster, scaler: Scaler, clock: Clock
+) -> None:
+    full, thin = _two_nodes(cluster)
+    cluster.add_pod("llama-pending", node=None, phase="Pending")  # unscheduled: goes first anyway
+    cluster.add_pod("llama-old", node="node-2", terminating=True)  # leaving: neither counted
+    companion = make_companion(cluster, scaler, clock)
+    scaler.decide(clock.now, 11, forecast=11)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    assert cluster.costs(*full) == dict.fromkeys(full, "8")
+    assert cluster.costs(*thin) == dict.fromkeys(thin, "2")
+    assert cluster.costs("llama-pending", "llama-old", "other") == dict.fromkeys(
+        ("llama-pending", "llama-old", "other"), None
+    )  # another app's pod is never written
+    packed = [w for w in result.writes if w.kind == "pod_deletion_cost"]
+    assert len(packed) == len(cluster.pod_patches()) == 10
+    assert [w.target for w in packed[:8]] == [f"v1 Pod {APP_NS}/{n}" for n in full]  # |8| first
+    assert packed[0].change == "deletion cost unset -> 8"
+    writes = "queue_scaler_companion_writes_total"
+    assert metric(companion, writes, {"kind": "pod_deletion_cost"}) == 10
+
+    clock.now += 15
+    scaler.decide(clock.now, 11, forecast=11)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    assert [w for w in result.writes if w.kind == "pod_deletion_cost"] == []
+    assert len(cluster.pod_patches()) == 10  # nothing changed: no pod PATCH
+
+    # Two pods of the full node go (the HPA scaled down): the remaining six are rewritten.
+    for name in full[:2]:
+        del cluster.api.objects[PODS, APP_NS, name]
+    clock.now += 15
+    scaler.decide(clock.now, 9, forecast=9)
+    result = await run_pass(companion)
+    assert [w.change for w in result.writes] == ["deletion cost 8 -> 6"] * 6
+    assert cluster.costs(*full[2:]) == dict.fromkeys(full[2:], "6")
+
+
+async def test_packing_writes_are_bounded_per_pass(
+    cluster: Cluster, scaler: Scaler, clock: Clock
+) -> None:
+    full, thin = _two_nodes(cluster)
+    config = CompanionConfig(peak_hold_s=600.0, pack_max_writes=4)
+    companion = make_companion(cluster, scaler, clock, config=config)
+    sent = []
+    for _ in range(4):  # 10 pods, 4 per pass: 4, 4, 2, then none
+        scaler.decide(clock.now, 10, forecast=10)
+        result = await run_pass(companion)
+        assert result.result == "ok", result
+        sent.append(sum(1 for w in result.writes if w.kind == "pod_deletion_cost"))
+        clock.now += 15
+    assert sent == [4, 4, 2, 0]
+    assert cluster.costs(*full, *thin) == {**dict.fromkeys(full, "8"), **dict.fromkeys(thin, "2")}
+
+
+async def test_packing_skips_a_pod_deleted_since_the_read(
+    cluster: Cluster, scaler: Scaler, clock: Clock
+) -> None:
+    _two_nodes(cluster)
+    cluster.api.faults.append(Fault("PATCH", "pods", 404, times=1))
+    companion = make_companion(cluster, scaler, clock)
+    scaler.decide(clock.now, 10, forecast=10)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    assert sum(1 for w in result.writes if w.kind == "pod_deletion_cost") == 9
+
+
+async def test_packing_in_dry_run_prints_and_sends_no_pod_patch(
+    cluster: Cluster, scaler: Scaler, clock: Clock
+) -> None:
+    full, thin = _two_nodes(cluster)
+    printed: list[str] = []
+    companion = make_companion(cluster, scaler, clock, dry_run=True, out=printed.append)
+    scaler.decide(clock.now, 10, forecast=10)
+    assert (await run_pass(companion)).result == "ok"
+    assert cluster.writes(lease=True) == []
+    lines = [json.loads(line) for line in printed]
+    packed = [line for line in lines if line["kind"] == "pod_deletion_cost"]
+    assert len(packed) == 10
+    assert packed[0] == {
+        "kind": "pod_deletion_cost",
+        "target": f"v1 Pod {APP_NS}/{full[0]}",
+        "body": {"metadata": {"annotations": {DELETION_COST_ANNOTATION: "8"}}},
+    }
+    assert cluster.costs(*full, *thin) == dict.fromkeys([*full, *thin])
+
+
+async def test_no_pack_sends_no_pod_patch(cluster: Cluster, scaler: Scaler, clock: Clock) -> None:
+    _two_nodes(cluster)
+    config = CompanionConfig(peak_hold_s=600.0, pack=False)
+    companion = make_companion(cluster, scaler, clock, config=config)
+    scaler.decide(clock.now, 10, forecast=12)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    assert [w.kind for w in result.writes] == ["placeholder_create"]  # as ever...
+    assert cluster.pod_patches() == []  # ...and no pod
+
+
+@pytest.mark.usefixtures("_keep_logging")
+async def test_cli_no_pack_sends_no_pod_patch_and_the_default_packs(
+    cluster: Cluster, scaler: Scaler, tmp_path: Path
+) -> None:
+    from scaler import cli
+
+    full, thin = _two_nodes(cluster)
+    scaler.decide(time.time(), 10, forecast=12)
+    args = _cli(cluster, scaler, tmp_path, "--no-pack")
+    assert await asyncio.wait_for(asyncio.to_thread(cli.main, args), timeout=60) == 0
+    assert cluster.placeholders() == 2  # it did write the placeholders...
+    assert cluster.pod_patches() == []  # ...and no pod
+    scaler.decide(time.time(), 10, forecast=12)
+    args = _cli(cluster, scaler, tmp_path)
+    assert await asyncio.wait_for(asyncio.to_thread(cli.main, args), timeout=60) == 0
+    assert len(cluster.pod_patches()) == 10
+    assert cluster.costs(*full, *thin) == {**dict.fromkeys(full, "8"), **dict.fromkeys(thin, "2")}

@@ -18,6 +18,11 @@ after; otherwise (protection off, or none) the placeholders go first and the Nod
 So budgets are added before capacity moves and removed only after placeholders are scaled, and a
 lowered GPU limit never lands before its placeholders are gone. A failure stops the pass.
 
+Packing comes after every NodePool (`pack_sync`): per workload pod whose
+controller.kubernetes.io/pod-deletion-cost differs from its node's fullness, a JSON merge patch of
+only that annotation (scaler.companion.packing; at most CompanionConfig.pack_max_writes per pass),
+retried as above; a pod gone since the read (404) is skipped. No Event per pod: a log line each.
+
 Only the leader of a coordination.k8s.io/v1 Lease writes; on shutdown it gives the Lease up
 (holderIdentity null) so a standby takes over at its next pass instead of after the lease
 duration. With dry_run nothing is sent at all (not even the Lease): each write is printed as one
@@ -59,6 +64,7 @@ from scaler.companion.model import (
     NodePoolState,
     Placement,
 )
+from scaler.companion.packing import DELETION_COST_ANNOTATION, CostChange, PackPod
 from scaler.companion.patches import (
     PAUSE_IMAGE,
     nodepool_patch,
@@ -97,6 +103,8 @@ API_ACCESS: frozenset[tuple[str, str, str, str]] = frozenset(
         (NODEPOOL_GROUP, NODEPOOL_PLURAL, "patch", CLUSTER),
         ("", "nodes", "list", CLUSTER),  # Ready nodes per NodePool and their allocatable GPUs
         ("", "pods", "list", CLUSTER),  # live pods: GPUs in use, each workload's live replicas
+        # the workloads' pods: a merge patch of only the pod-deletion-cost annotation (packing)
+        ("", "pods", "patch", CLUSTER),
         (KEDA_GROUP, SCALEDOBJECT_PLURAL, "get", CLUSTER),  # scaleTargetRef, maxReplicaCount
         ("apps", "deployments", "get", CLUSTER),  # a workload's pod template, in its namespace
         ("apps", "deployments", "list", NAMESPACE),  # the placeholder Deployments
@@ -145,14 +153,18 @@ class ClusterView:
     resource_versions: dict[str, str] = field(default_factory=dict)  # NodePool -> resourceVersion
     uids: dict[str, str] = field(default_factory=dict)  # NodePool -> uid (for Events)
     placeholder_names: dict[str, str] = field(default_factory=dict)  # NodePool -> Deployment
+    # Live GPU pods bound to the known NodePools' nodes (not placeholders, not terminating), each
+    # with the workload it belongs to if any: what packing (scaler.companion.packing) reads.
+    pack_pods: tuple[PackPod, ...] = ()
 
 
 @dataclass(frozen=True)
 class Write:
     """One write the companion sent (or, in dry-run, would send)."""
 
-    kind: str  # "nodepool_patch" | "placeholder_create" | "placeholder_scale"
-    target: str  # e.g. "karpenter.sh/v1 NodePool gpu-a", "apps/v1 Deployment ns/name"
+    kind: str  # "nodepool_patch" | "placeholder_create" | "placeholder_scale" | "pod_deletion_cost"
+    # e.g. "karpenter.sh/v1 NodePool gpu-a", "apps/v1 Deployment ns/name", "v1 Pod ns/name"
+    target: str
     body: dict[str, Any]
     nodepool: str
     change: str  # "old -> new", for the log line and the Event
@@ -473,7 +485,8 @@ class Kube:
 
         # A workload's live pods: Pending or Running, not terminating (Placement.live_pods).
         live = [p for p in real if _phase(p) in LIVE_PHASES and not _terminating(p)]
-        placements, problems = self._placements(workloads, set(pools), live)
+        owners: dict[tuple[str, str], str] = {}
+        placements, problems = self._placements(workloads, set(pools), live, owners)
         return ClusterView(
             pools=pools,
             placements=placements,
@@ -481,7 +494,44 @@ class Kube:
             resource_versions=versions,
             uids=uids,
             placeholder_names={pool: found[0] for pool, found in held.items()},
+            pack_pods=tuple(self._pack_pods(live, node_pool, set(pools), owners)),
         )
+
+    @staticmethod
+    def _pack_pods(
+        live: Sequence[Mapping[str, Any]],
+        node_pool: Mapping[str, str],
+        pools: set[str],
+        owners: Mapping[tuple[str, str], str],
+    ) -> list[PackPod]:
+        """Live GPU pods bound to a known NodePool's node, sorted, with their workload (if one
+        of the placed workloads' Deployments selects them) and their deletion cost as found."""
+        found: list[PackPod] = []
+        for pod in live:
+            meta = _dict(pod.get("metadata"))
+            namespace, name = meta.get("namespace"), meta.get("name")
+            node = _dict(pod.get("spec")).get("nodeName")
+            pool = node_pool.get(node) if isinstance(node, str) else None
+            if (
+                not isinstance(namespace, str)
+                or not isinstance(name, str)
+                or not isinstance(node, str)
+                or pool not in pools
+                or pod_gpus(pod) == 0
+            ):
+                continue
+            cost = _dict(meta.get("annotations")).get(DELETION_COST_ANNOTATION)
+            found.append(
+                PackPod(
+                    namespace=namespace,
+                    name=name,
+                    node=node,
+                    nodepool=str(pool),
+                    workload=owners.get((namespace, name)),
+                    deletion_cost=None if cost is None else str(cost),
+                )
+            )
+        return sorted(found, key=lambda p: (p.nodepool, p.node, p.namespace, p.name))
 
     @staticmethod
     def _pool_state(
@@ -511,9 +561,12 @@ class Kube:
         workloads: Iterable[str],
         known: set[str],
         live_pods: Sequence[Mapping[str, Any]],
+        owners: dict[tuple[str, str], str] | None = None,
     ) -> tuple[dict[str, Placement], list[str]]:
         """Each demanded workload's ScaledObject -> its Deployment's pod template -> Placement.
-        A missing object or an unplaceable workload is a problem of that workload only."""
+        A missing object or an unplaceable workload is a problem of that workload only. `owners`
+        gets (namespace, pod name) -> workload for each placed workload's live pods (the first
+        workload by name if two Deployments' selectors overlap)."""
         placements: dict[str, Placement] = {}
         problems: list[str] = []
         for workload in sorted(set(workloads)):
@@ -551,18 +604,22 @@ class Kube:
                 continue
             spec = _dict(deployment.get("spec"))
             selector = _dict(spec.get("selector"))
-            live = sum(
-                1
+            mine = [
+                str(_dict(pod.get("metadata")).get("name"))
                 for pod in live_pods
                 if _dict(pod.get("metadata")).get("namespace") == namespace
                 and selector_matches(selector, _labels(pod))
-            )
+            ]
             try:
                 placements[workload] = placement(
-                    workload, scaled, _dict(spec.get("template")), known, live
+                    workload, scaled, _dict(spec.get("template")), known, len(mine)
                 )
             except PlacementError as exc:
                 problems.append(str(exc))
+                continue
+            if owners is not None:
+                for pod_name in mine:
+                    owners.setdefault((namespace, pod_name), workload)
         return placements, problems
 
     def _raw_get(self, fn: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
@@ -941,6 +998,72 @@ class Kube:
 
         self._call(f"scaling placeholder Deployment {s.namespace}/{name}", patch)
         return write
+
+    def pack_sync(self, changes: Sequence[CostChange]) -> list[Write]:
+        """A JSON merge patch of only the pod-deletion-cost annotation per changed pod (in the
+        planner's order; printed in dry-run), each logged. A pod deleted since the read (404) is
+        skipped; any other failure, after the retries, stops the pass (KubeError)."""
+        from kubernetes.client.exceptions import ApiException
+
+        s = self.settings
+        sent: list[Write] = []
+        for c in changes:
+            pod = c.pod
+            body: dict[str, Any] = {
+                "metadata": {"annotations": {DELETION_COST_ANNOTATION: c.value}}
+            }
+            write = Write(
+                "pod_deletion_cost",
+                f"v1 Pod {pod.namespace}/{pod.name}",
+                body,
+                pod.nodepool,
+                c.change,
+            )
+            if s.dry_run:
+                self._print(write)
+            else:
+
+                def patch(_: int, pod: PackPod = pod, body: dict[str, Any] = body) -> bool:
+                    self._guard()
+                    try:
+                        self._core.patch_namespaced_pod(
+                            pod.name,
+                            pod.namespace,
+                            body,
+                            field_validation=STRICT,
+                            field_manager=FIELD_MANAGER,
+                            _content_type=MERGE_PATCH,
+                            _request_timeout=s.request_timeout_s,
+                        )
+                    except ApiException as exc:
+                        if exc.status == 404:  # gone since the read: nothing to order
+                            return False
+                        raise
+                    return True
+
+                if not self._call(f"patching Pod {pod.namespace}/{pod.name}", patch):
+                    continue
+            sent.append(write)
+            log.info(
+                "%s %s: %s (node %s)",
+                "would send" if s.dry_run else "sent",
+                write.target,
+                c.change,
+                pod.node,
+                extra={
+                    "event": "companion_write",
+                    "kind": write.kind,
+                    "nodepool": write.nodepool,
+                    "change": write.change,
+                    "dry_run": s.dry_run,
+                },
+            )
+        return sent
+
+    async def pack(self, changes: Sequence[CostChange]) -> list[Write]:
+        import asyncio
+
+        return await asyncio.to_thread(self.pack_sync, list(changes))
 
     def _patch_deployment(self, name: str, body: Mapping[str, Any]) -> None:
         s = self.settings

@@ -85,6 +85,11 @@ class CompanionConfig:
     # workload on it is active. None: no guard.
     active_hours_utc: tuple[int, int] | None = None
     stale_after_s: float = 120.0  # demand older than this is unknown: hold, never scale down
+    # Packing (scaler.companion.packing): each workload pod's controller.kubernetes.io/
+    # pod-deletion-cost = the GPU pods on its node, so scale-downs empty the least-used nodes
+    # first; at most `pack_max_writes` pod PATCHes per pass. Off: --no-pack.
+    pack: bool = True
+    pack_max_writes: int = 100
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,13 @@ One pass, in order:
    carry its placeholders or its annotations. Every other NodePool is someone else's;
 5. the leader applies the diffs. Idempotent: a second pass with nothing changed sends nothing.
    An Event that cannot be created does not fail the pass; it counts in
-   errors_total{stage="event"}.
+   errors_total{stage="event"};
+6. packing (unless --no-pack): the leader sets each workload pod's
+   controller.kubernetes.io/pod-deletion-cost to the GPU pods on its node
+   (`scaler.companion.packing`), so a scale-down empties the least-used node first and
+   consolidation can remove it. It does not depend on demand (the annotation only orders the
+   deletions the HPA decided), so it runs whatever the plans hold; writes_total{kind=
+   "pod_deletion_cost"} counts the PATCHes.
 
 When the loop ends (stop event, or --once) the leader releases its Lease, so a standby takes
 over at its next pass rather than after the lease duration.
@@ -47,6 +53,7 @@ from scaler.companion.model import (
     NodePoolState,
     WorkloadDemand,
 )
+from scaler.companion.packing import pack
 from scaler.companion.plan import plan
 
 log = logging.getLogger(__name__)
@@ -217,8 +224,12 @@ class Companion:
                 PassResult("follower", leader, tuple(plans), (), tuple(problems), view=view)
             )
         events_failed = self.kube.events_failed
+        changes = pack(view.pack_pods, self.config.pack_max_writes) if self.config.pack else []
+        writes: list[Write] = []
         try:
-            writes = await self.kube.apply(view, plans, self.config, now)
+            writes += await self.kube.apply(view, plans, self.config, now)
+            if changes:
+                writes += await self.kube.pack(changes)
         except KubeError as exc:
             return self._end(
                 PassResult(
@@ -346,6 +357,7 @@ def command(args: argparse.Namespace) -> int:
             peak_hold_s=args.peak_hold,
             active_hours_utc=parse_hours(args.active_hours),
             stale_after_s=args.stale_after,
+            pack=not args.no_pack,
         )
         if args.interval <= 0 or args.lease_duration <= args.interval:
             raise ValueError("--lease-duration must be longer than --interval (> 0)")

@@ -1,9 +1,12 @@
-"""The Karpenter companion in the simulated loop (issue 6): nodes pre-warmed from the forecast.
+"""The Karpenter companion in the simulated loop (issue 6): nodes pre-warmed, scale-downs packed.
 
-Why the real planner: the `scaler+prewarm` row is meant to show what the companion buys, so every
+Why the real planner: the companion rows are meant to show what the companion buys, so every
 `COMPANION_INTERVAL_S` it calls `scaler.companion.plan.plan` on values built from the simulated
-cluster exactly as `scaler.companion.kube` reads them from Kubernetes, and applies the plan's
-placeholders with `Cluster.set_placeholders`:
+cluster exactly as `scaler.companion.kube` reads them from Kubernetes, applies the plan's
+placeholders with `Cluster.set_placeholders`, and (unless `CompanionConfig.pack` is off) packs:
+`Cluster.pack` sets each pod's `controller.kubernetes.io/pod-deletion-cost` to the pods on its
+node, as `scaler.companion.packing` does, so the HPA's next scale-downs empty the least-used
+nodes first and WhenEmpty consolidation can remove them. Values:
 
 - demand: the scaler's latest Decision (replicas, active, forecast = its Outlook's q90 maximum
   within the horizon, absent with forecast off);
@@ -16,9 +19,11 @@ placeholders with `Cluster.set_placeholders`:
   serving or draining: a loading pod already holds its GPU), no limit, no budgets (consolidation
   in the simulator is WhenEmpty only, so a peak budget changes nothing here).
 
-The scaler under the companion runs with forecast=on (pre-warm follows the forecast), so the
-bench also runs `scaler+forecast`, the same scaler without the companion: the gap between the two
-rows is the pre-warm alone.
+Rows (`scaler.sim.run.companion_rows`): `scaler+companion` is the product's default, the scaler
+with its default metadata (forecast off) plus the companion, whose placeholders then follow the
+target only, so what it buys there is mostly the packing; `scaler+forecast` is the scaler with
+forecast=on and `scaler+prewarm` the same plus the companion (placeholders for the forecast q90,
+and packing): the gap between those two is the companion on a forecasting scaler.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from scaler.sim.cluster import Cluster, Phase
 from scaler.sim.fleet import Fleet, StepStats
 from scaler.sim.policies import ScalerPolicy
 
+COMPANION = "scaler+companion"
 FORECAST = "scaler+forecast"
 PREWARM = "scaler+prewarm"
 COMPANION_INTERVAL_S = 15.0  # the companion's default --interval
@@ -54,16 +60,17 @@ def with_forecast(policy: ScalerPolicy, name: str = FORECAST) -> ScalerPolicy:
 
 
 class Prewarm:
-    """The scaler (KEDA + HPA as in `ScalerPolicy`) plus the companion placing placeholders."""
-
-    name = PREWARM
+    """The scaler (KEDA + HPA as in `ScalerPolicy`) plus the companion placing placeholders and
+    packing scale-downs."""
 
     def __init__(
         self,
         scaler: ScalerPolicy,
         config: CompanionConfig | None = None,
         interval_s: float = COMPANION_INTERVAL_S,
+        name: str = PREWARM,
     ) -> None:
+        self.name = name
         self.scaler = scaler
         self.config = config or CompanionConfig()
         if self.config.placeholder_gpus != 1:
@@ -79,6 +86,8 @@ class Prewarm:
             self.next_pass = at + self.interval_s
             pool_plan = self.companion_pass(at, cluster)
             cluster.set_placeholders(at, pool_plan.placeholders)
+            if self.config.pack:
+                cluster.pack()
         return wanted
 
     def companion_pass(self, at: float, cluster: Cluster) -> NodePoolPlan:

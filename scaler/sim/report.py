@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from scaler.sim.prewarm import FORECAST, PREWARM
+from scaler.sim.prewarm import COMPANION, FORECAST, PREWARM
 from scaler.sim.run import BenchResult, PolicyRun
 
 FULL_STACK = "scaler-fullstack"  # scaler.sim.fullstack's row (named here: no import cycle)
@@ -186,9 +186,12 @@ def table(result: BenchResult) -> str:
     )
     if any(m.name == PREWARM for m in measures):
         lines.append(
-            f"{FORECAST} and {PREWARM} run the scaler with forecast=on; {PREWARM} adds the "
-            "Karpenter companion (scaler.companion.plan every 15 s): placeholder pods hold GPUs "
-            "for the forecast q90, so nodes launch ahead and real pods preempt them"
+            f"{COMPANION} is the scaler as configured (forecast off by default) plus the "
+            f"Karpenter companion; {FORECAST} and {PREWARM} run the scaler with forecast=on, "
+            f"{PREWARM} adds the companion. The companion (scaler.companion every 15 s): "
+            "placeholder pods hold GPUs for the target or forecast q90, so nodes launch ahead "
+            "and real pods preempt them; pod-deletion-cost = pods on the node, so scale-downs "
+            "empty the least-used nodes and consolidation removes them"
         )
     for note in checks(measures) + result.notes:
         lines.append(f"check: {note}")

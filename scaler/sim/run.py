@@ -15,9 +15,12 @@ reason). After the trace ends the run keeps serving (unbilled) for up to `drain_
 flight finish; whatever is still queued or running then counts as dropped. Billing covers the
 trace's span.
 
-With `SimConfig.companion` two rows follow the scaler's: `scaler+forecast` (the scaler with
-forecast=on) and `scaler+prewarm` (the same plus the Karpenter companion's placeholders,
-`scaler.sim.prewarm`), so the effect of the forecast and of the pre-warm each show.
+With `SimConfig.companion` three rows follow the scaler's: `scaler+companion` (the scaler as
+configured, forecast off by default, plus the Karpenter companion: placeholders for its target and
+pod-deletion-cost packing; the product's default), `scaler+forecast` (the scaler with
+forecast=on) and `scaler+prewarm` (the same plus the companion: placeholders for the forecast,
+and packing; `scaler.sim.prewarm`), so the effect of the companion, the forecast and the
+pre-warm each show.
 """
 
 from __future__ import annotations
@@ -46,13 +49,22 @@ from scaler.sim.policies import (
     replica_slots,
     scaler_metadata,
 )
-from scaler.sim.prewarm import FORECAST, PREWARM, Prewarm, with_forecast
+from scaler.sim.prewarm import COMPANION, FORECAST, PREWARM, Prewarm, with_forecast
 from scaler.sim.profiles import Profile, ServiceProfile
 from scaler.sim.workload import Requests
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
-ROWS = ("always-on", "hpa-gpu-util", "keda-prometheus", "scaler", FORECAST, PREWARM, "oracle")
+ROWS = (
+    "always-on",
+    "hpa-gpu-util",
+    "keda-prometheus",
+    "scaler",
+    COMPANION,
+    FORECAST,
+    PREWARM,
+    "oracle",
+)
 Progress = Callable[[int], None]
 
 
@@ -76,8 +88,9 @@ class SimConfig:
     max_replicas: int | None = None  # default: twice the always-on fleet
     scaler_metadata: Mapping[str, str] = field(default_factory=dict)  # extra trigger keys
     policies: tuple[str, ...] = NAMES
-    # Also run the scaler with forecast=on, alone and with the Karpenter companion pre-warming
-    # nodes (rows scaler+forecast and scaler+prewarm; scaler.sim.prewarm).
+    # Also run the scaler with the Karpenter companion (scaler+companion), and with forecast=on
+    # alone and with the companion pre-warming nodes (scaler+forecast, scaler+prewarm); the
+    # companion also packs scale-downs with pod-deletion-cost (scaler.sim.prewarm).
     companion: bool = False
     # The price of a node-hour instead of the profile's on-demand price (e.g. a Spot price read
     # off the EC2 Spot price history for your zone).
@@ -404,12 +417,16 @@ def run_bench(
 
 
 def companion_rows(cfg: SimConfig, metadata: Mapping[str, str]) -> dict[str, Callable[[], Policy]]:
-    """The companion mode's rows: the scaler with forecast=on, without then with the companion;
-    the first is left out when the plain scaler row already forecasts (it would repeat it)."""
+    """The companion mode's rows: the scaler as configured with the companion (its default
+    metadata: forecast off), then the scaler with forecast=on without and with the companion.
+    When the configured scaler already forecasts, scaler+companion would repeat scaler+prewarm
+    and is left out, and so is scaler+forecast if the plain scaler row runs (it would repeat it)."""
     if not cfg.companion:
         return {}
     forecasting = {**metadata, "forecast": "on"}
     rows: dict[str, Callable[[], Policy]] = {}
+    if metadata.get("forecast") != "on":
+        rows[COMPANION] = lambda: Prewarm(ScalerPolicy(metadata), name=COMPANION)
     if metadata.get("forecast") != "on" or "scaler" not in cfg.policies:
         rows[FORECAST] = lambda: with_forecast(ScalerPolicy(forecasting))
     rows[PREWARM] = lambda: Prewarm(ScalerPolicy(forecasting))
@@ -421,5 +438,5 @@ def total_steps(requests: Requests, cfg: SimConfig) -> int:
     pre = math.ceil(min(cfg.warm_window_s, requests.duration_s) / cfg.dt)
     per_run = pre + math.ceil(requests.duration_s / cfg.dt) + math.ceil(cfg.drain_s / cfg.dt)
     runs = len(cfg.policies) + (cfg.oracle_iterations if "oracle" in cfg.policies else 0)
-    runs += 2 if cfg.companion else 0
+    runs += len(companion_rows(cfg, cfg.scaler_metadata))
     return per_run * runs
