@@ -7,7 +7,7 @@
 # the tables). ServeGen rate files (600 s windows) are time-compressed 24x, a day to an hour, and
 # the 14-day language files are cut to their first two days (--duration 7200 after compression).
 # Plots need the `sim` extra: pip install -e '.[sim]'. Extra arguments go to every call.
-# Takes ~15 minutes on 2 idle cores.
+# Takes ~25 minutes on 2 idle cores (--companion adds three rows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
@@ -35,7 +35,7 @@ for case in "${CASES[@]}"; do
   name="$(basename "${trace%.*}")"
   for cold in 60 180; do
     run="$RUNS/$name-cs$cold"
-    cmd=(scaler bench replay --trace "$trace" "${args[@]}" --cold-start "$cold" --plots "$run")
+    cmd=(scaler bench replay --trace "$trace" "${args[@]}" --cold-start "$cold" --companion --plots "$run")
     echo "bench: ${cmd[*]}" >&2
     SECONDS=0
     "$PYTHON" -m scaler bench replay --trace "$trace" "${args[@]}" --cold-start "$cold" \

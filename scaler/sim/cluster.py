@@ -148,8 +148,12 @@ class Cluster:
         `scaler.companion` packing does: a scale-down then empties the least-used nodes first,
         so WhenEmpty consolidation can remove them, where the ReplicaSet's default order
         (doubled-up pods first) spreads the fleet and leaves every node part-full."""
+        live: dict[int, int] = {}
         for pod in self.pods.values():
-            pod.deletion_cost = len(self.nodes[pod.node].pods) if pod.node is not None else 0
+            if pod.node is not None and pod.phase is not Phase.DRAINING:
+                live[pod.node] = live.get(pod.node, 0) + 1
+        for pod in self.pods.values():  # terminating pods are not counted (nor is their cost read)
+            pod.deletion_cost = live.get(pod.node, 0) if pod.node is not None else 0
 
     def warm(self, replicas: int, at: float = 0.0) -> None:
         """Start with `replicas` serving on ready nodes (the simulation's warm start)."""

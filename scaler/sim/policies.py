@@ -227,6 +227,9 @@ class Oracle:
     name: str = "oracle"
 
     def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+        # The floor packs its scale-downs onto the fewest nodes (pod-deletion-cost, as the
+        # companion does): a lower bound must not pay for the ReplicaSet's spreading.
+        cluster.pack()
         k = min(max(0, round(at / self.dt)), self.schedule.size - 1)
         return int(self.schedule[k])
 
