@@ -76,6 +76,11 @@ class DecisionCollector(Collector):
             "need": GaugeMetricFamily(
                 PREFIX + "needed_replicas", "Replicas needed for the current load", labels=LABELS
             ),
+            "offered": GaugeMetricFamily(
+                PREFIX + "offered_replicas",
+                "Replicas the arrivals alone need, without the queue: what the forecast forecasts",
+                labels=LABELS,
+            ),
             "in_flight": GaugeMetricFamily(
                 PREFIX + "in_flight_requests", "Running + waiting requests seen", labels=LABELS
             ),
@@ -121,6 +126,7 @@ class DecisionCollector(Collector):
             families["reason"].add_metric([*labels, d.reason.value], 1.0)
             for key, value in (
                 ("need", d.need),
+                ("offered", d.offered),
                 ("in_flight", d.in_flight),
                 ("arrival", d.arrival_rate),
             ):

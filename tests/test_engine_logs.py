@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -15,6 +17,7 @@ from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
 from scaler.engine import Engine
 from scaler.logs import JsonFormatter
+from scaler.policy import Decision, decide
 from scaler.signals import Signal
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec
@@ -116,3 +119,43 @@ async def test_a_new_failure_after_recovery_is_logged_again(caplog):
         "source_failed",
         "source_recovered",
     ]
+
+
+async def test_a_decision_log_line_carries_the_decision_id_of_the_decision_it_logs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The JSON line of a changed target joins `/decisions` and the other replica's logs by
+    `decision_id` (the same workload and tick give the same id everywhere)."""
+    caplog.set_level(logging.INFO, logger="scaler.engine")
+    made: list[Decision] = []
+
+    def recording_decide(*args: Any, **kwargs: Any) -> Any:
+        decision, state = decide(*args, **kwargs)
+        if decision is not None:
+            made.append(decision)
+        return decision, state
+
+    monkeypatch.setattr(engine_module, "decide", recording_decide)
+    source = BuggySource()
+    engine = Engine(ConfigStore(Config(server=SETTINGS)), sources=lambda _: source)
+    trigger = parse_trigger("team-a", "llama", synthetic())
+    try:
+        await engine.decision(trigger)
+        await wait_reads(source, 3)
+        formatter = JsonFormatter()
+        lines = [json.loads(formatter.format(record)) for record in caplog.records]
+    finally:
+        await engine.close()
+    logged = [line for line in lines if line.get("event") == "decision"]
+    assert logged, "no decision line"
+    by_id = {d.decision_id: d for d in made}
+    first = logged[0]
+    assert re.fullmatch(r"[0-9a-f]{16}", str(first["decision_id"]))
+    assert first["decision_id"] == made[0].decision_id  # the first decision is always logged
+    for line in logged:
+        decision = by_id[str(line["decision_id"])]
+        assert (line["workload"], line["replicas"], line["reason"]) == (
+            decision.workload,
+            decision.replicas,
+            decision.reason.value,
+        )

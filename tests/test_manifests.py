@@ -1,7 +1,7 @@
 """Checks of the Kubernetes material under deploy/: schemas, wiring, and the settings that matter.
 
-Every object under deploy/base, deploy/examples, deploy/companion and deploy/karpenter is validated
-strictly (unknown fields fail):
+Every object under deploy/base, deploy/examples, deploy/companion, deploy/karpenter and
+deploy/monitoring is validated strictly (unknown fields fail):
 built-in kinds with kubernetes_validate, custom resources against the upstream CRDs in deploy/crds
 (see k8s_schema.py). cert-manager's CRDs are not in deploy/crds: its objects (deploy/cert-manager)
 are checked structurally against the cert-manager.io/v1 fields they may use. The other tests check
@@ -40,6 +40,8 @@ KARPENTER = DEPLOY / "karpenter"
 CERT_MANAGER = DEPLOY / "cert-manager"
 CERT_MANAGER_KUSTOMIZATION = CERT_MANAGER / "kustomization.yaml"
 CERT_MANAGER_GROUP = "cert-manager.io"
+MONITORING = DEPLOY / "monitoring"
+MONITORING_KUSTOMIZATION = MONITORING / "kustomization.yaml"
 
 CORE_KINDS = {
     "Namespace",
@@ -70,8 +72,14 @@ EXAMPLE_FILES = _yaml_files(EXAMPLES)
 COMPANION_FILES = [p for p in _yaml_files(COMPANION) if p != COMPANION_KUSTOMIZATION]
 KARPENTER_FILES = _yaml_files(KARPENTER)
 CERT_MANAGER_FILES = [p for p in _yaml_files(CERT_MANAGER) if p != CERT_MANAGER_KUSTOMIZATION]
+MONITORING_FILES = [p for p in _yaml_files(MONITORING) if p != MONITORING_KUSTOMIZATION]
 OBJECTS = k8s_schema.load_yaml_documents(
-    BASE_FILES + EXAMPLE_FILES + COMPANION_FILES + KARPENTER_FILES + CERT_MANAGER_FILES
+    BASE_FILES
+    + EXAMPLE_FILES
+    + COMPANION_FILES
+    + KARPENTER_FILES
+    + CERT_MANAGER_FILES
+    + MONITORING_FILES
 )
 
 
@@ -213,6 +221,8 @@ def test_every_object_has_a_schema_kind_we_expect() -> None:
         "ClusterTriggerAuthentication",
         "NodePool",
         "EC2NodeClass",
+        "ServiceMonitor",
+        "PodMonitor",
     }
     assert {obj["kind"] for _, _, obj in CERT_MANAGER_OBJECTS} == {
         "Issuer",
@@ -1207,3 +1217,82 @@ def test_ec2nodeclass_meets_the_rules_its_crd_checks_with_cel() -> None:
     assert int(roots[0]["ebs"]["volumeSize"].removesuffix("Gi")) >= 200  # images and weights
     for key in ("subnetSelectorTerms", "securityGroupSelectorTerms"):
         assert spec[key] and all(term.get("tags") for term in spec[key]), key
+
+
+# --- monitoring (deploy/monitoring) ---------------------------------------------------------------
+
+
+def test_monitoring_kustomization_lists_its_files_and_wraps_the_dashboard() -> None:
+    kustomization = yaml.safe_load(MONITORING_KUSTOMIZATION.read_text(encoding="utf-8"))
+    base = yaml.safe_load(KUSTOMIZATION.read_text(encoding="utf-8"))
+    assert kustomization["namespace"] == base["namespace"]
+    assert kustomization["labels"] == base["labels"]
+    present = {str(p.relative_to(MONITORING)) for p in MONITORING_FILES}
+    assert set(kustomization["resources"]) == present
+    [generator] = kustomization["configMapGenerator"]
+    assert generator["files"] == ["dashboard.json"]
+    assert (MONITORING / "dashboard.json").is_file()
+    assert generator["options"]["labels"] == {"grafana_dashboard": "1"}  # Grafana's sidecar
+
+
+def test_service_monitor_scrapes_the_scaler_metrics_port_keeping_the_workload_namespace() -> None:
+    monitor = _only("ServiceMonitor", _under(MONITORING))
+    service = _only("Service", _base_objects())
+    namespace = service["metadata"]["namespace"]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [namespace]}
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    [port] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert port["port"] == 9090 and endpoint["path"] == "/metrics"
+    assert endpoint["honorLabels"] is True  # the per-workload `namespace` label is the workload's
+    # The NetworkPolicy admits Prometheus's namespace to this port.
+    policy = _only("NetworkPolicy", _base_objects())
+    assert any(
+        port["port"] == endpoint["port"]
+        and {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        in rule["from"]
+        for rule in policy["spec"]["ingress"]
+        for port in rule["ports"]
+    )
+
+
+def test_pod_monitor_scrapes_the_companion_pods_metrics_port() -> None:
+    monitor = _only("PodMonitor", _under(MONITORING))
+    deployment = _only("Deployment", _companion_objects())
+    assert not [o for _, _, o in _companion_objects() if o["kind"] == "Service"]
+    assert monitor["spec"]["namespaceSelector"] == {
+        "matchNames": [deployment["metadata"]["namespace"]]
+    }
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    scaler_labels = _only("Deployment", _base_objects())["spec"]["template"]["metadata"]["labels"]
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= scaler_labels.items()
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    [port] = [p for p in _companion_container()["ports"] if p["name"] == endpoint["port"]]
+    assert port["containerPort"] == _companion_args().metrics_port
+    assert endpoint["path"] == "/metrics"
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
+def test_monitoring_kustomize_build_holds_the_dashboard_configmap() -> None:
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(MONITORING)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if built.returncode != 0:
+        pytest.skip(f"kubectl kustomize failed: {built.stderr.strip()[:200]}")
+    objects = {obj["kind"]: obj for obj in yaml.safe_load_all(built.stdout)}
+    assert set(objects) == {"ConfigMap", "ServiceMonitor", "PodMonitor"}
+    config_map = objects["ConfigMap"]
+    assert config_map["metadata"]["name"] == "gpu-queue-scaler-dashboard"
+    assert config_map["metadata"]["namespace"] == "gpu-queue-scaler"
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    text = (MONITORING / "dashboard.json").read_text(encoding="utf-8")
+    assert config_map["data"] == {"dashboard.json": text}
+    for version in K8S_VERSIONS:
+        k8s_schema.validate_core(config_map, version)
