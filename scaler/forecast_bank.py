@@ -32,13 +32,21 @@ first, so the row holds exactly what it would hold had the workload been live al
 
 Rows are reused after `release` (the lowest free one first); capacity doubles when none is free.
 Deterministic, no I/O, no clock: time comes in as an argument.
+
+Cost. An observation is a few list reads and writes (no numpy, no object built); the work per bin
+is done once for all rows when the bin closes: the means, the forecaster's update, the peaks of
+its forecast, every row's next `Outlook` (what a row gets at its first observation in the bin),
+and the reset of every row that started over since the last update (a row's reset is due before
+the update after its first observation; nothing reads its state in between).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -47,17 +55,59 @@ from scaler.outlook import (
     MAX_GAP_BINS,
     NeedForecast,
     Outlook,
-    bin_index,
     horizon_bins,
     period_bins,
 )
 
 BankKey = tuple[float, int, int | None]  # forecast step (s), horizon (bins), season (bins)
 
+_OUTLOOK_FIELDS = ("point_max", "upper_max", "model", "horizon_s", "made_at")
+# Outlook is a plain frozen dataclass (fields in this order, state in its __dict__, nothing run on
+# construction beyond storing the fields): `_outlooks` may then fill instances' __dict__ directly.
+_PLAIN_OUTLOOK = (
+    tuple(field.name for field in dataclasses.fields(Outlook)) == _OUTLOOK_FIELDS
+    and not hasattr(Outlook, "__post_init__")
+    and not hasattr(Outlook, "__slots__")
+)
+_floor = math.floor
+_isfinite = math.isfinite
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+
+
+def _outlooks(
+    point_max: Sequence[float],
+    upper_max: Sequence[float],
+    model: Sequence[str],
+    horizon_s: Sequence[float],
+    made_at: float,
+) -> list[Outlook]:
+    """`Outlook(point_max[i], upper_max[i], model[i], horizon_s[i], made_at)` for every row i:
+    equal objects (==, hash, repr), built without the frozen dataclass's `__init__`, whose
+    `object.__setattr__` per field was most of the bank's cost per row and bin."""
+    rows = zip(point_max, upper_max, model, horizon_s, strict=True)
+    if not _PLAIN_OUTLOOK:
+        return [Outlook(p, u, m, h, made_at) for p, u, m, h in rows]
+    outlooks: list[Outlook] = []
+    append = outlooks.append
+    for p, u, m, h in rows:
+        outlook = _new_object(Outlook)
+        _set_attribute(
+            outlook,
+            "__dict__",
+            {"point_max": p, "upper_max": u, "model": m, "horizon_s": h, "made_at": made_at},
+        )
+        append(outlook)
+    return outlooks
+
 
 class ForecastBank:
     """Rows of one `ScalerForecaster` for workloads with the same forecast step, horizon bins and
-    season bins. See the module docstring for when bins close."""
+    season bins. See the module docstring for when bins close.
+
+    Per observation the work is a few list reads and writes; everything per bin (the means, the
+    update, the forecasts, every row's next `Outlook`, the resets of rows that started over) is
+    done once for all rows when the bin closes."""
 
     def __init__(self, step_s: float, horizon: int, period: int | None) -> None:
         self.step_s = step_s
@@ -70,13 +120,14 @@ class ForecastBank:
         self._free: list[int] = []  # a heap of free rows: the lowest is reused first
         self._in_use: list[bool] = []
         self._total: list[float] = []  # the open bin's sum and count of needs, per row
-        self._count: list[int] = []
+        self._count: list[float] = []  # (whole numbers, as floats: no conversion per bin)
         self._row_bin: list[int | None] = []  # the bin of the row's last observation
         self._outlook: list[Outlook | None] = []
         self._horizon_s: list[float] = []  # per row: Outlook.horizon_s (same bins, any seconds)
-        self._point_max: list[float] = []  # the last forecast's highest point and bound, per row
-        self._upper_max: list[float] = []
-        self._model: tuple[str, ...] = ()
+        # Per row, the outlook of the last forecast (made when the open bin opened): what a row
+        # that observed in an earlier bin gets at its first observation in the open one.
+        self._latest: list[Outlook] = []
+        self._stale: set[int] = set()  # rows that started over: reset before the next update
 
     @property
     def capacity(self) -> int:
@@ -113,7 +164,7 @@ class ForecastBank:
         if self._forecaster is not None:
             self._forecaster.add_rows(n)
         self._total += [0.0] * n
-        self._count += [0] * n
+        self._count += [0.0] * n
         self._row_bin += [None] * n
         self._outlook += [None] * n
         self._horizon_s += [0.0] * n
@@ -127,7 +178,7 @@ class ForecastBank:
 
     def _clear(self, row: int) -> None:
         self._total[row] = 0.0
-        self._count[row] = 0
+        self._count[row] = 0.0
 
     # --- the bin clock -------------------------------------------------------------------------
 
@@ -135,29 +186,38 @@ class ForecastBank:
         """Start the clock at bin `index` with a new forecaster; every row starts over."""
         self._forecaster = ScalerForecaster(self.capacity, self.horizon, self.period, origin=index)
         self.bin = index
-        for row in range(self.capacity):
-            self._clear(row)
-            self._row_bin[row] = None
-            self._outlook[row] = None
+        self._stale.clear()
+        self._latest = []
+        self._total = [0.0] * self.capacity
+        self._count = [0.0] * self.capacity
+        self._row_bin = [None] * self.capacity
+        self._outlook = [None] * self.capacity
 
     def _advance(self, index: int) -> None:
         """Close the bins before `index` for every row (one update each), then forecast."""
         forecaster = self._forecaster
         assert forecaster is not None
         assert self.bin is not None
+        if self._stale:  # rows reset since the last update: as a new forecaster's rows
+            forecaster.reset_rows(sorted(self._stale))
+            self._stale.clear()
         while self.bin < index:
-            total = np.array(self._total, dtype=np.float64)
-            count = np.array(self._count, dtype=np.float64)
+            total = np.fromiter(self._total, np.float64, self.capacity)
+            count = np.fromiter(self._count, np.float64, self.capacity)
             means = np.divide(total, count, out=np.full(total.size, np.nan), where=count > 0)
             forecaster.update(means)
             self.updates += 1
             self.bin += 1
             self._total = [0.0] * self.capacity
-            self._count = [0] * self.capacity
-        result = forecaster.predict(self.horizon)
-        self._point_max = np.max(result.point, axis=1).tolist()
-        self._upper_max = np.max(result.upper, axis=1).tolist()
-        self._model = result.model
+            self._count = [0.0] * self.capacity
+        point_max, upper_max = forecaster.peaks(self.horizon)
+        self._latest = _outlooks(
+            point_max.tolist(),
+            upper_max.tolist(),
+            forecaster.choice(),
+            self._horizon_s,
+            self.bin * self.step_s,
+        )
 
     def _move_to(self, index: int) -> None:
         if self.bin is None or index - self.bin > MAX_GAP_BINS:
@@ -165,15 +225,13 @@ class ForecastBank:
         elif index > self.bin:
             self._advance(index)
 
-    def _latest(self, row: int) -> Outlook:
-        assert self.bin is not None
-        return Outlook(
-            point_max=self._point_max[row],
-            upper_max=self._upper_max[row],
-            model=self._model[row],
-            horizon_s=self._horizon_s[row],
-            made_at=self.bin * self.step_s,
-        )
+    def _start_row(self, row: int, index: int) -> None:
+        """The row's first observation (or its first after a gap): it starts over, from bin
+        `index` (its forecaster row is reset before the next update)."""
+        self._stale.add(row)
+        self._clear(row)
+        self._row_bin[row] = index
+        self._outlook[row] = None
 
     # --- what a workload calls -----------------------------------------------------------------
 
@@ -184,28 +242,29 @@ class ForecastBank:
     def observe(self, row: int, at: float, need: float | None) -> Outlook | None:
         """Add the need the row's workload decided at `at` (None: no fresh signal); returns its
         outlook, as `NeedForecast.observe` does."""
-        self._check(row)
-        index = bin_index(at, self.step_s)
-        self._move_to(index)
-        assert self._forecaster is not None
-        assert self.bin is not None
-        if index < self.bin:  # that bin is closed: too late to learn from
-            if need is not None and math.isfinite(need):
-                self.dropped += 1
-            index, need = self.bin, None
+        if not (0 <= row < len(self._in_use) and self._in_use[row]):
+            self._check(row)
+        index = _floor(at / self.step_s)  # scaler.outlook.bin_index, without the call
+        if index != self.bin:  # the first observation of a later bin, or a late one
+            self._move_to(index)
+            assert self.bin is not None
+            if index < self.bin:  # that bin is closed: too late to learn from
+                if need is not None and _isfinite(need):
+                    self.dropped += 1
+                index, need = self.bin, None
         last = self._row_bin[row]
-        if last is None or index - last > MAX_GAP_BINS:
-            self._forecaster.reset_rows([row])
-            self._clear(row)
+        if last == index:
+            outlook = self._outlook[row]
+        elif last is None or index - last > MAX_GAP_BINS:  # its first observation, or a gap
+            self._start_row(row, index)
+            outlook = None
+        else:  # its first observation in this bin: the forecast made when the bin opened
             self._row_bin[row] = index
-            self._outlook[row] = None
-        elif index > last:
-            self._row_bin[row] = index
-            self._outlook[row] = self._latest(row)
-        if need is not None and math.isfinite(need):
+            outlook = self._outlook[row] = self._latest[row]
+        if need is not None and _isfinite(need):
             self._total[row] += need
-            self._count[row] += 1
-        return self._outlook[row]
+            self._count[row] += 1.0
+        return outlook
 
     def adopt(self, row: int, private: NeedForecast) -> None:
         """Load the row with a `NeedForecast`'s state (a workload's replayed history), both brought
@@ -229,8 +288,9 @@ class ForecastBank:
         assert self.bin is not None
         private.advance(self.bin)
         self._forecaster.copy_rows([row], private.forecaster, [0])
+        self._stale.discard(row)  # a reset now would undo the copy
         self._total[row] = private.total
-        self._count[row] = private.count
+        self._count[row] = float(private.count)
         self._row_bin[row] = private.bin
         self._outlook[row] = private.outlook
 
@@ -250,13 +310,14 @@ class BankedForecast:
         self.horizon_s = horizon_s
         self.period_s = period_s
         self.released = False
+        # observe(at, need) -> Outlook | None: the bank's, for this row (no call in between).
+        self.observe: Callable[[float, float | None], Outlook | None] = partial(
+            self.bank.observe, row
+        )
 
     @property
     def outlook(self) -> Outlook | None:
         return self.bank.outlook(self.row)
-
-    def observe(self, at: float, need: float | None) -> Outlook | None:
-        return self.bank.observe(self.row, at, need)
 
     def adopt(self, private: NeedForecast) -> None:
         self.bank.adopt(self.row, private)

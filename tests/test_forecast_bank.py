@@ -14,7 +14,7 @@ import pytest
 from scaler.config import Config
 from scaler.engine import Workload
 from scaler.forecast import ScalerForecaster
-from scaler.forecast_bank import BankedForecast, ForecastBank, ForecastBanks
+from scaler.forecast_bank import BankedForecast, ForecastBank, ForecastBanks, _outlooks
 from scaler.outlook import NeedForecast, Outlook
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec, resolve
@@ -110,6 +110,41 @@ def test_rows_are_independent() -> None:
         runs.append(seen)
     assert runs[0] == runs[1] == runs[2]
     assert sum(outlook is not None for outlook in runs[0]) > 300
+
+
+def test_an_adopted_history_replaces_a_start_made_in_the_same_bin() -> None:
+    """A row's first observation restarts it (the reset is done for all rows at the next bin's
+    update); a history adopted later in that bin is what the row holds, not the restart."""
+    shape = (10.0, 60.0, None)
+    banks = ForecastBanks()
+    other = banks.join(*shape)
+    private = NeedForecast(*shape)
+    for k in range(200):
+        private.observe(T0 + k * INTERVAL, 2.0 + (k % 7))
+    at = T0 + 200 * INTERVAL
+    other.observe(at, 1.0)
+    seat = banks.join(*shape)
+    assert seat.observe(at, 50.0) is None  # starts over...
+    seat.adopt(private)  # ...then takes the replayed history instead
+    assert seat.outlook == private.outlook is not None
+    for k in range(201, 400):
+        at = T0 + k * INTERVAL
+        other.observe(at, 1.0)
+        value = 3.0 + (k % 5)
+        assert seat.observe(at, value) == private.observe(at, value)
+
+
+def test_outlooks_are_built_as_outlook_builds_them() -> None:
+    """The bank fills Outlook instances without their __init__: the same objects."""
+    built = _outlooks([1.5, 0.0], [2.5, 0.25], ("naive", "ses"), [60.0, 55.0], 1234.0)
+    expected = [Outlook(1.5, 2.5, "naive", 60.0, 1234.0), Outlook(0.0, 0.25, "ses", 55.0, 1234.0)]
+    assert built == expected
+    assert [vars(outlook) for outlook in built] == [vars(outlook) for outlook in expected]
+    assert [hash(outlook) for outlook in built] == [hash(outlook) for outlook in expected]
+    assert [repr(outlook) for outlook in built] == [repr(outlook) for outlook in expected]
+    assert all(type(outlook) is Outlook for outlook in built)
+    with pytest.raises(AttributeError):
+        built[0].point_max = 3.0  # type: ignore[misc]
 
 
 def test_a_released_row_is_reused_clean() -> None:

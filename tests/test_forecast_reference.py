@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from numpy.typing import ArrayLike
 
-from scaler.forecast import ScalerForecaster
+from scaler.forecast import ForecastResult, ScalerForecaster
 from scaler.forecast._arrays import State, observe
 from scaler.forecast.select import (
     _CALIBRATION_MEMORY,
@@ -101,6 +101,15 @@ class Reference(ScalerForecaster):
         names = self.candidates
         c = len(names)
         return tuple(names[int(index) % c] for index in self._best)
+
+    def predict(self, h: int) -> ForecastResult:
+        """Copies of the (N, horizon) arrays."""
+        return ForecastResult(
+            point=self._point[:, :h].copy(),
+            upper=self._upper[:, :h].copy(),
+            lower=self._lower[:, :h].copy(),
+            model=self.choice(),
+        )
 
     def update(self, y: ArrayLike) -> None:
         values, ok = observe(y, self.n_series)
@@ -271,8 +280,14 @@ CASES: list[tuple[int, int | None, dict[str, Any]]] = [
 def same(mine: ScalerForecaster, reference: Reference) -> None:
     a, b = mine.predict(mine.horizon), reference.predict(reference.horizon)
     for x, y in ((a.point, b.point), (a.upper, b.upper), (a.lower, b.lower)):
+        assert x.flags.c_contiguous
         assert np.array_equal(x, y, equal_nan=True)
     assert a.model == b.model
+    for h in {1, mine.horizon}:  # the peaks over the first h steps, as the forecast bank reads
+        point_max, upper_max = mine.peaks(h)
+        b = reference.predict(h)
+        assert np.array_equal(point_max, np.max(b.point, axis=1), equal_nan=True)
+        assert np.array_equal(upper_max, np.max(b.upper, axis=1), equal_nan=True)
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))

@@ -126,6 +126,7 @@ class ScalerForecaster(RowState):
     """
 
     name = "scaler"
+    _n_floor = 0.0  # a lower bound of every error count (`_n`), kept between updates
     _ROWS: ClassVar[dict[str, int]] = {
         "_pending": 3,
         "_vol_issued": 1,
@@ -150,9 +151,9 @@ class ScalerForecaster(RowState):
         "_n_calibrated": 1,
         "_adjust": 1,
         "_best": 0,
-        "_point": 0,
-        "_upper": 0,
-        "_lower": 0,
+        "_point": 1,
+        "_upper": 1,
+        "_lower": 1,
     }
 
     def __init__(
@@ -227,6 +228,7 @@ class ScalerForecaster(RowState):
         c, n, h = len(self._models), self.n_series, self.horizon
         e = 2 * c
         self._t = self.origin
+        self._n_floor = 0.0  # counts only grow, but row operations may bring new ones
         # Time bookkeeping (rings indexed by issue bin mod horizon), not learnt state:
         # Layouts put the series last, so a step's or an issue bin's values are contiguous.
         self._pending = np.full((c, h, h, n), np.nan)  # candidates' points awaiting actuals
@@ -255,17 +257,22 @@ class ScalerForecaster(RowState):
         self._mae = np.zeros((h, n))
         self._n_calibrated = np.zeros((h, n))
         self._adjust = np.zeros((h, n))
-        # The current forecast.
+        # The current forecast, step by step (h, N); `predict` transposes it.
         self._best = np.zeros(n, dtype=np.int64)
-        self._point = np.zeros((n, h))
-        self._upper = np.zeros((n, h))
-        self._lower = np.zeros((n, h))
+        self._point = np.zeros((h, n))
+        self._upper = np.zeros((h, n))
+        self._lower = np.zeros((h, n))
 
     def _row_models(self) -> list[RowState]:
         models: list[RowState] = [m for m in self._models if isinstance(m, RowState)]
         if len(models) != len(self._models):
             raise TypeError("every candidate must support row operations")
         return models
+
+    def _settings(self) -> dict[str, object]:
+        settings = super()._settings()
+        settings.pop("_n_floor", None)  # a cache, not a parameter
+        return settings
 
     def _compatible(self, other: object) -> bool:
         return (
@@ -280,11 +287,13 @@ class ScalerForecaster(RowState):
 
     def _extend(self, other: Self) -> None:
         super()._extend(other)
+        self._n_floor = min(self._n_floor, other._n_floor)
         for mine, theirs in zip(self._row_models(), other._row_models(), strict=True):
             mine._extend(theirs)
 
     def _assign(self, rows: IntArray, other: Self, other_rows: IntArray) -> None:
         super()._assign(rows, other, other_rows)
+        self._n_floor = min(self._n_floor, other._n_floor)
         for mine, theirs in zip(self._row_models(), other._row_models(), strict=True):
             mine._assign(rows, theirs, other_rows)
 
@@ -327,12 +336,18 @@ class ScalerForecaster(RowState):
         np.divide(err[:c], self._vol_issued[slots], out=err[c:])
         valid = np.isfinite(err)
         valid &= ok
+        all_valid = bool(valid.all())  # (the usual case: no mask to apply)
         n, z = self._n, self._z
         # The fewest errors so far (before this one) among those that get one: a rate or mask that
         # depends on the count is the same for all of them once it is large enough. Bounded below
-        # by the fewest in the series observed now (cheap); exact only if that is too small.
-        fewest = n.min()
-        few = n.min(axis=(0, 1)) if fewest < max(self.window, self.min_errors) else None
+        # by the fewest in the series observed now (cheap); exact only if that is too small. Once
+        # every count is that large (`_n_floor`, kept between updates), it need not be looked at.
+        trusted_all = max(self.window, self.min_errors)
+        if self._n_floor >= trusted_all:
+            fewest = self._n_floor
+        else:
+            fewest = self._n_floor = float(n.min())
+        few = n.min(axis=(0, 1)) if fewest < trusted_all else None
         if few is not None and fewest < self.window:
             fewest = few[ok].min() if ok.any() else np.inf  # per series observed now
             if fewest < self.window:
@@ -344,13 +359,17 @@ class ScalerForecaster(RowState):
         z_new = np.empty_like(z)
         # A few experts at a time, so the arrays a block works on stay in the CPU's cache.
         block = max(1, _BLOCK_CELLS // (h * n_series))
+        step_buffer = np.empty((min(block, 2 * c), h, n_series))
         for first in range(0, 2 * c, block):
             part = slice(first, first + block)
             err_b, valid_b, n_b, z_b = err[part], valid[part], n[part], z[part]
             m_b, s_b = self._m[part], self._s[part]
             mean_b, deviation_b, z_new_b = mean[part], deviation[part], z_new[part]
-            n_b += valid_b
-            step = np.multiply(z_b, s_b)
+            if all_valid:
+                n_b += 1.0  # = + True, without the cast
+            else:
+                n_b += valid_b
+            step = np.multiply(z_b, s_b, out=step_buffer[: z_b.shape[0]])
             step += m_b  # the bound: a miss is an error above it
             miss = np.greater(err_b, step)
             if self._z_exact:
@@ -373,6 +392,8 @@ class ScalerForecaster(RowState):
             deviation_b -= s_b
             deviation_b *= rate
             deviation_b += s_b
+            if all_valid:
+                continue
             invalid = ~valid_b
             if invalid.any():
                 np.copyto(mean_b, m_b, where=invalid)
@@ -485,8 +506,10 @@ class ScalerForecaster(RowState):
         base = np.arange(cells).reshape(h, n_series)
         at = order[:, None, :] * cells + base  # (top, h, N) flat positions of the picks
         point_at = (order % c)[:, None, :] * cells + base
-        chosen = points.reshape(-1)[point_at]
-        z_at, s_at, m_at = self._z.reshape(-1)[at], self._s.reshape(-1)[at], self._m.reshape(-1)[at]
+        chosen = points.reshape(-1).take(point_at)  # take: the same gather, cheaper than []
+        z_at = self._z.reshape(-1).take(at)
+        s_at = self._s.reshape(-1).take(at)
+        m_at = self._m.reshape(-1).take(at)
         unit = np.where(order >= c, vol, 1.0)[:, None, :]
         spread = np.multiply(z_at, s_at)
         up = np.add(m_at, spread)
@@ -525,9 +548,9 @@ class ScalerForecaster(RowState):
         self._point_issued[now] = point
         self._upper_issued[now] = upper
         self._best = order[0]
-        self._point = np.ascontiguousarray(point.T)
-        self._upper = np.ascontiguousarray(upper.T)
-        self._lower = np.ascontiguousarray(lower.T)
+        self._point = point
+        self._upper = upper
+        self._lower = lower
         self._t += 1
 
     def predict(self, h: int) -> ForecastResult:
@@ -536,11 +559,19 @@ class ScalerForecaster(RowState):
         if h > self.horizon:
             raise ValueError(f"h {h} beyond horizon {self.horizon}")
         return ForecastResult(
-            point=self._point[:, :h].copy(),
-            upper=self._upper[:, :h].copy(),
-            lower=self._lower[:, :h].copy(),
+            point=self._point[:h].T.copy(),
+            upper=self._upper[:h].T.copy(),
+            lower=self._lower[:h].T.copy(),
             model=self.choice(),
         )
+
+    def peaks(self, h: int) -> tuple[FloatArray, FloatArray]:
+        """Per series, the highest point and upper forecast over steps 1..h, shape (N,) each:
+        `predict(h)`'s point and upper maxed over the steps, without building them."""
+        h = check_steps(h)
+        if h > self.horizon:
+            raise ValueError(f"h {h} beyond horizon {self.horizon}")
+        return self._point[:h].max(axis=0), self._upper[:h].max(axis=0)
 
     def fit(self, history: ArrayLike) -> Self:
         """Reset, then replay `history` (shape (N, T)) one column at a time: the warm start."""
