@@ -279,3 +279,22 @@ def test_missing_and_binary_files(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="not UTF-8"):
         load_trace(binary)
     assert issubclass(TraceError, ValueError)
+
+
+def test_the_synthetic_idle_trace_is_what_its_generator_writes(tmp_path: Path) -> None:
+    """bench/traces/synthetic/idle-bursts.csv is reproducible from its seeded generator."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location(
+        "make_idle_trace", root / "bench/make_idle_trace.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(tmp_path / "idle.csv")
+    shipped = root / "bench/traces/synthetic/idle-bursts.csv"
+    assert (tmp_path / "idle.csv").read_bytes() == shipped.read_bytes()
+    trace = load_trace(shipped)
+    gaps = np.diff(trace.arrivals_s)
+    assert gaps.max() > 1700  # the 30-minute silences that make a fleet scale to zero
