@@ -301,6 +301,13 @@ def _bench_loadgen(args: argparse.Namespace) -> int:
     return run_command(options_from(args), as_json=args.json)
 
 
+def _bench_load(args: argparse.Namespace) -> int:
+    """N ScaledObjects polled like KEDA against the real server and a floor (scaler.bench.load)."""
+    from scaler.bench.load import options_from, run_command
+
+    return run_command(options_from(args), as_json=args.json)
+
+
 def _companion(args: argparse.Namespace) -> int:
     """The Karpenter companion: the scaler's forecasts -> GPU node capacity (issue 6)."""
     from scaler.companion.run import command
@@ -656,6 +663,43 @@ def parser() -> argparse.ArgumentParser:
     lg.add_argument("--json", action="store_true", help="one JSON object")
     lg.add_argument("--no-progress", action="store_true", help="no live progress on stderr")
     lg.set_defaults(run=_bench_loadgen)
+
+    ld = bench_sub.add_parser(
+        "load",
+        help="N ScaledObjects polled like KEDA (GetMetrics + IsActive per pollingInterval and "
+        "HPA query) against the real server and a minimal grpc.aio floor: p50/p99, calls/s, CPU",
+    )
+    ld.add_argument("--objects", type=int, default=1000, help="ScaledObjects (default 1000)")
+    ld.add_argument(
+        "--duration", type=float, metavar="S", help="per server (default 60; --soak: 600)"
+    )
+    ld.add_argument(
+        "--polling-interval", type=float, default=30.0, metavar="S", help="KEDA's (default 30)"
+    )
+    ld.add_argument(
+        "--hpa-interval", type=float, default=15.0, metavar="S", help="HPA sync (default 15)"
+    )
+    ld.add_argument(
+        "--jitter", type=float, default=0.1, metavar="F", help="+-F of each period (default 0.1)"
+    )
+    ld.add_argument(
+        "--concurrency", type=int, default=1000, metavar="N", help="calls in flight at most"
+    )
+    ld.add_argument("--channels", type=int, default=1, metavar="N", help="connections (default 1)")
+    ld.add_argument(
+        "--soak",
+        action="store_true",
+        help="the scaler alone for --duration: RSS after warm-up and at the end, open fds",
+    )
+    ld.add_argument(
+        "--sample-interval", type=float, default=10.0, metavar="S", help="RSS/fd samples"
+    )
+    ld.add_argument("--warmup", type=float, default=60.0, metavar="S", help="soak warm-up")
+    ld.add_argument("--config", metavar="FILE", help="tuning YAML for the scaler server")
+    ld.add_argument("--profile", metavar="FILE", help="cProfile the scaler server into FILE")
+    ld.add_argument("--seed", type=int, default=0, help="schedule seed (default 0)")
+    ld.add_argument("--json", action="store_true", help="one JSON object")
+    ld.set_defaults(run=_bench_load)
     return top
 
 

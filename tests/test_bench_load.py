@@ -1,0 +1,121 @@
+"""`scaler bench load`: the real server and the floor server as processes on loopback, polled
+like KEDA by a short run. Figures are printed, never asserted against a time budget."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from itertools import pairwise
+
+import pytest
+
+from scaler.cli import main
+from scaler.engine import Turnstile
+
+SUMMARY_KEYS = {"p50_ms", "p99_ms", "calls_per_s", "errors", "server_cpu_s"}
+FAST = ["--polling-interval", "1", "--hpa-interval", "0.5", "--sample-interval", "1"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone too (the bench waits for its children, so none should remain)
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_short_run_against_both_servers(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "load", "--objects", "50", "--duration", "10", *FAST, "--json"])
+    out = capsys.readouterr().out
+    result = json.loads(out)
+    assert code == 0, out
+    assert result["objects"] == 50
+    assert isinstance(result["duration_s"], float) and result["duration_s"] >= 10
+    for kind in ("scaler", "floor"):
+        figures = result[kind]
+        assert figures.keys() >= SUMMARY_KEYS
+        assert isinstance(figures["errors"], int) and figures["errors"] == 0, figures
+        for key in SUMMARY_KEYS - {"errors"}:
+            assert isinstance(figures[key], float), (kind, key)
+        assert figures["calls_per_s"] > 0
+        assert figures["server_cpu_s"] > 0
+        assert figures["p99_ms"] >= figures["p50_ms"] > 0
+        assert figures["exit_code"] == 0  # each server stopped cleanly on SIGTERM
+        assert not alive(figures["pid"]), f"{kind} server {figures['pid']} still running"
+    assert result["ratio"]["p99"] is not None
+    print(json.dumps({k: result[k] for k in ("scaler", "floor", "ratio")}))
+
+
+def test_soak_prints_rss_and_fds(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        ["bench", "load", "--soak", "--objects", "30", "--duration", "20", "--warmup", "5", *FAST]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "soak: RSS" in out and "MiB after 5 s warm-up" in out and "growth" in out
+    assert "soak: open fds" in out
+    assert not any(line.split()[:1] == ["floor"] for line in out.splitlines())  # scaler alone
+    print(out)
+
+
+def test_soak_json_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "bench",
+            "load",
+            "--soak",
+            "--objects",
+            "10",
+            "--duration",
+            "6",
+            "--warmup",
+            "2",
+            *FAST,
+            "--json",
+        ]
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["floor"] is None
+    soak = result["soak"]
+    assert soak["samples"] >= 5
+    assert soak["rss_after_warmup_kib"] > 0 and soak["rss_end_kib"] > 0
+    assert isinstance(soak["rss_growth_pct"], float)
+    assert soak["fds_start"] > 0 and soak["fds_end"] > 0
+    assert not alive(result["scaler"]["pid"])
+
+
+def test_bad_input_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "load", "--objects", "0", "--duration", "1"]) == 2
+    assert "--objects" in capsys.readouterr().err
+
+
+async def test_turnstile_lets_one_waiter_through_per_loop_iteration() -> None:
+    """The engine's evaluations take turns (scaler.engine.Turnstile): between two of them the
+    event loop runs everything else that is ready, so a burst of ticks cannot starve RPCs."""
+    turns = Turnstile()
+    order: list[str] = []
+
+    async def evaluation(name: str) -> None:
+        await turns.take()
+        order.append(name)
+
+    async def rpc() -> None:  # something else ready on the loop, one step per iteration
+        for step in range(3):
+            order.append(f"rpc{step}")
+            await asyncio.sleep(0)
+
+    cancelled = asyncio.create_task(evaluation("x"))
+    tasks = [asyncio.create_task(evaluation(n)) for n in "abc"]
+    await asyncio.sleep(0)
+    cancelled.cancel()  # a cancelled waiter gives its turn away
+    await asyncio.gather(rpc(), *tasks)
+    assert [o for o in order if not o.startswith("rpc")] == ["a", "b", "c"]
+    # each evaluation ran in an iteration of its own, interleaved with the other task's steps
+    between = [order.index(n) for n in "abc"]
+    assert all(later - earlier >= 2 for earlier, later in pairwise(between)), order
