@@ -48,6 +48,8 @@ def main(index: str, nproc: str) -> None:
         path, seconds, command = line.split("\t", 2)
         runs.append((Path(path), int(seconds), command, json.loads(Path(path).read_text())))
     today = datetime.datetime.now(datetime.UTC).date().isoformat()
+    ran = {p["name"] for *_, found in runs for p in found["policies"]}
+    policies = [name for name in POLICIES if name in ran]
     out = [
         "# Replay bench: the autoscaling policies on every trace",
         "",
@@ -68,13 +70,13 @@ def main(index: str, nproc: str) -> None:
         "",
         "## Summary: SLO attainment (queue wait) / GPU-hours",
         "",
-        "| trace | cold start | requests | " + " | ".join(POLICIES) + " |",
-        "|---|--:|--:|" + "--:|" * len(POLICIES),
+        "| trace | cold start | requests | " + " | ".join(policies) + " |",
+        "|---|--:|--:|" + "--:|" * len(policies),
     ]
     for _, _, _, found in runs:
         by_name = {p["name"]: p for p in found["policies"]}
         cells = []
-        for name in POLICIES:
+        for name in policies:
             p = by_name.get(name)
             cells.append("—" if p is None else f"{p['slo_attainment']:.3f} / {p['gpu_hours']:.1f}")
         out.append(

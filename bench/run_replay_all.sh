@@ -39,7 +39,7 @@ for case in "${CASES[@]}"; do
     echo "bench: ${cmd[*]}" >&2
     SECONDS=0
     "$PYTHON" -m scaler bench replay --trace "$trace" "${args[@]}" --cold-start "$cold" \
-      --plots "$run" --json --no-progress "$@" > "$run.json"
+      --companion --plots "$run" --json --no-progress "$@" > "$run.json"
     printf '%s\t%d\t%s\n' "$run.json" "$SECONDS" "${cmd[*]} $*" >> "$index"
   done
 done
