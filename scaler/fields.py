@@ -54,7 +54,8 @@ class Field:
             raise
         except (ValueError, TypeError, OverflowError, RecursionError) as exc:
             shown = raw if not isinstance(raw, str) or len(raw) <= 80 else raw[:77] + "..."
-            detail = f" ({exc})" if str(exc) else ""
+            text = str(exc)  # may quote the input (a bad host, a regex): bounded like `shown`
+            detail = f" ({text if len(text) <= 200 else text[:197] + '...'})" if text else ""
             raise FieldError(
                 path or self.key, f"got {shown!r}; accepted: {self.accepted}{detail}"
             ) from None

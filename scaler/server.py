@@ -32,7 +32,7 @@ from scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from scaler.config_watch import ConfigStore
 from scaler.engine import Engine
 from scaler.http import HttpEndpoint
-from scaler.service import ExternalScalerService
+from scaler.service import ExternalScalerService, RejectUndecodable
 from scaler.telemetry import DecisionCollector
 from scaler.tls import CertificateReloader, TlsFiles
 from scaler.trigger import TriggerCache
@@ -94,7 +94,7 @@ class ScalerServer:
         self._shutdown = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping = False
-        self._server = grpc.aio.server()
+        self._server = grpc.aio.server(interceptors=[RejectUndecodable()])
         self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
         self._http: HttpEndpoint | None = None

@@ -9,14 +9,18 @@ Status codes: INVALID_ARGUMENT for bad trigger metadata (the message names each 
 accepted), NOT_FOUND for a metric name this trigger does not serve, FAILED_PRECONDITION for a
 trigger that does not fit the ConfigMap (e.g. an unknown profile), UNAVAILABLE while there is no
 decision to give (no data yet, or data missing for longer than `staleTargetSeconds`).
+INVALID_ARGUMENT too for a request that is not the method's protobuf message at all (`Undecodable`),
+and for a name or namespace longer than Kubernetes allows. A status message echoes at most a short
+piece of any input and is cut to what fits a status trailer (`bounded`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -35,11 +39,89 @@ _FAULT_CODES = {
 }
 
 
+# gRPC sends the status message in a trailer, percent-encoding every byte outside printable ASCII;
+# a client drops trailers over 8-16 KiB and its caller sees RESOURCE_EXHAUSTED "Stream removed"
+# instead of the message, so every message is cut to this many encoded bytes.
+STATUS_MESSAGE_MAX = 4000
+NAME_MAX, NAMESPACE_MAX = 253, 63  # Kubernetes: a DNS subdomain, a DNS label
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """A piece of client input as echoed in a status message."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def bounded(message: str, limit: int = STATUS_MESSAGE_MAX) -> str:
+    cost = 0
+    for index, char in enumerate(message):
+        printable = " " <= char <= "~" and char != "%"
+        cost += 1 if printable else 3 * len(char.encode("utf-8", "replace"))
+        if cost > limit:
+            return message[:index] + " ... (cut)"
+    return message
+
+
 class RpcError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        message = bounded(message)
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class Undecodable:
+    """A request whose bytes are not the method's protobuf message."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _tolerant(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # any failure here is the client's bytes
+            return Undecodable(exc)
+
+    return parse
+
+
+class RejectUndecodable(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """INVALID_ARGUMENT for a request that does not parse. Without it gRPC answers UNKNOWN
+    ("Unexpected DecodeError"), which reads as a server bug. Unary requests only: this server
+    has no client-streaming method."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler: Any = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+            return handler
+        method = handler_call_details.method
+        behavior = handler.unary_unary or handler.unary_stream
+
+        async def reject(request: object, context: grpc.aio.ServicerContext) -> None:
+            if isinstance(request, Undecodable):
+                message = f"{method}: the request is not a valid protobuf message: {request.error}"
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded(message))
+
+        async def unary(request: object, context: grpc.aio.ServicerContext) -> Any:
+            await reject(request, context)
+            return await behavior(request, context)
+
+        async def stream(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await reject(request, context)
+            async for item in behavior(request, context):
+                yield item
+
+        tolerant = _tolerant(handler.request_deserializer)
+        if handler.unary_unary is not None:
+            return handler._replace(request_deserializer=tolerant, unary_unary=unary)
+        # A coroutine writing with context.write (health Watch), or an async generator.
+        streaming = stream if inspect.isasyncgenfunction(behavior) else unary
+        return handler._replace(request_deserializer=tolerant, unary_stream=streaming)
 
 
 def metric_spec(trigger: TriggerSpec) -> pb.GetMetricSpecResponse:
@@ -62,12 +144,20 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "scaledObjectRef: name and namespace are required (KEDA always sends both)",
             )
+        if len(ref.name) > NAME_MAX or len(ref.namespace) > NAMESPACE_MAX:
+            raise RpcError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"scaledObjectRef {shown(ref.namespace)}/{shown(ref.name)}: a Kubernetes name is "
+                f"at most {NAME_MAX} characters and a namespace at most {NAMESPACE_MAX}; got "
+                f"{len(ref.name)} and {len(ref.namespace)}",
+            )
         try:
             return self._triggers.parse(ref.namespace, ref.name, ref.scalerMetadata)
         except TriggerError as exc:
+            problems = "; ".join(f"{shown(p.path)}: {p.message}" for p in exc.problems)
             raise RpcError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"ScaledObject {ref.namespace}/{ref.name}: trigger metadata: {exc}",
+                f"ScaledObject {ref.namespace}/{ref.name}: trigger metadata: {problems}",
             ) from None
 
     async def _decision(self, trigger: TriggerSpec) -> tuple[int, bool]:
@@ -106,7 +196,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             if not trigger.accepts_metric(request.metricName):
                 raise RpcError(
                     grpc.StatusCode.NOT_FOUND,
-                    f"metric {request.metricName!r} is not served for ScaledObject "
+                    f"metric {shown(request.metricName)!r} is not served for ScaledObject "
                     f"{trigger.workload}; its metric is {trigger.metric_name!r}",
                 )
             replicas, _ = await self._decision(trigger)

@@ -181,12 +181,12 @@ class PrometheusSource:
             raise ConnectionError(f"prometheus at {self.url}: {_cause(exc, timeout_s)}") from None
         except PrometheusApiClientException as exc:
             raise ValueError(f"prometheus at {self.url} answered {exc}"[:300]) from None
-        except (KeyError, TypeError, IndexError, ValueError) as exc:  # not the JSON it should be
+        except (KeyError, TypeError, IndexError, ValueError, RecursionError) as exc:  # not JSON
             raise ValueError(f"prometheus at {self.url} answered garbage: {exc!r}"[:300]) from None
         try:
             return _scalar(result)
-        except (KeyError, TypeError, IndexError) as exc:
-            raise ValueError(f"malformed result: {exc!r}") from None
+        except (KeyError, TypeError, IndexError, OverflowError) as exc:  # e.g. a 400-digit integer
+            raise ValueError(f"malformed result: {exc!r}"[:300]) from None
 
     async def read(self, spec: WorkloadSpec, at: float) -> Signal:
         key = f"{spec.workload}|{spec.trigger.metric_name}"
@@ -254,21 +254,24 @@ class PrometheusSource:
                 result = await asyncio.get_running_loop().run_in_executor(
                     self._pool, fetch, render(expr, spec, matchers)
                 )
+                for series in result[:1]:
+                    for ts, raw in series.get("values", []):  # type: ignore[attr-defined]
+                        value = float(raw)
+                        if math.isfinite(value):
+                            tick = start + round((float(ts) - start) / step) * step
+                            grid.setdefault(tick, {})[field] = value
             except (
                 RequestException,
                 PrometheusApiClientException,
+                AttributeError,  # the answer parsed, but not as a range result
                 KeyError,
                 TypeError,
                 ValueError,
+                OverflowError,
+                RecursionError,
             ) as exc:
                 raise SourceError(f"prometheus at {self.url}: history: {exc}"[:300]) from None
-            for series in result[:1]:
-                for ts, raw in series.get("values", []):  # type: ignore[attr-defined]
-                    value = float(raw)
-                    if math.isfinite(value):
-                        tick = start + round((float(ts) - start) / step) * step
-                        grid.setdefault(tick, {})[field] = value
         return [
             Signal.from_values(tick, "prometheus-history", grid[tick])
-            for tick in sorted(t for t in grid if t < end)
+            for tick in sorted(t for t in grid if start <= t < end)
         ]

@@ -79,7 +79,10 @@ class Window:
             for target, history in self.targets.items()
             if history and now - history[-1][0] <= max_age_s
         }
-        return _Eval(fresh, matchers).run(expr)
+        value, why = _Eval(fresh, matchers).run(expr)
+        if value is not None and not math.isfinite(value):  # e.g. two pods at 1e308, summed
+            return None, f"not a finite number ({value}): the samples overflow"
+        return value, why
 
 
 class _Eval:
