@@ -258,3 +258,24 @@ def load_yaml_documents(
             if doc is not None:
                 out.append((path, index, doc))
     return out
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies application/merge-patch+json: what
+    a patch body the code sends does to the stored object."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def without_nulls(body: Any) -> Any:
+    """A merge patch minus its deletions (null leaves), which no schema describes."""
+    if isinstance(body, dict):
+        return {k: without_nulls(v) for k, v in body.items() if v is not None}
+    return body

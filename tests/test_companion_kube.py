@@ -39,7 +39,7 @@ from scaler.companion.model import (
 from scaler.companion.packing import DELETION_COST_ANNOTATION
 from scaler.companion.patches import peak_budget, placeholder_name
 from scaler.companion.run import Companion, PassResult, RunSettings
-from tests.k8s_schema import validate_custom_resource
+from tests.k8s_schema import merge_patch, validate_custom_resource, without_nulls
 
 NODEPOOLS = "karpenter.sh/v1/nodepools"
 NODES = "v1/nodes"
@@ -68,26 +68,6 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- the emulator ---------------------------------------------------------------------------------
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386, as the API server applies application/merge-patch+json."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
-
-
-def without_nulls(body: Any) -> Any:
-    """A merge patch minus its deletions (null leaves), which no schema describes."""
-    if isinstance(body, dict):
-        return {k: without_nulls(v) for k, v in body.items() if v is not None}
-    return body
 
 
 @dataclass

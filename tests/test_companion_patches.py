@@ -26,7 +26,13 @@ from scaler.companion.patches import (
     placeholder_deployment,
     placeholder_scale_patch,
 )
-from tests.k8s_schema import ManifestInvalidError, validate_core, validate_custom_resource
+from tests.k8s_schema import (
+    ManifestInvalidError,
+    merge_patch,
+    validate_core,
+    validate_custom_resource,
+    without_nulls,
+)
 
 OURS = {"nodes": "0", "reasons": ["Underutilized", "Empty"]}
 USER_BUDGETS: list[dict[str, Any]] = [
@@ -87,25 +93,6 @@ def state_of(obj: dict[str, Any]) -> NodePoolState:
         budgets=tuple(obj["spec"]["disruption"].get("budgets", [])),
         annotations=dict(obj["metadata"].get("annotations", {})),
     )
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
-
-
-def without_nulls(body: Any) -> Any:
-    if isinstance(body, dict):
-        return {k: without_nulls(v) for k, v in body.items() if v is not None}
-    return body
 
 
 def check(body: dict[str, Any] | None) -> dict[str, Any]:
