@@ -179,7 +179,9 @@ def arrivals_seen(
     return max(arrivals, ready_rate + queue_trend)
 
 
-def queue_term(signal: Signal, spec: CapacitySpec, fleet: Fleet) -> tuple[float, float] | None:
+def queue_term(
+    signal: Signal, spec: CapacitySpec, fleet: Fleet, s: float | None = None
+) -> tuple[float, float] | None:
     """The `queue` term and its steady part (the flow), or None when it cannot be computed
     (no ready-pod count, no horizon, no S that holds under load, no arrivals or queue known).
 
@@ -192,7 +194,7 @@ def queue_term(signal: Signal, spec: CapacitySpec, fleet: Fleet) -> tuple[float,
     draining, and a queue seen not to shrink does not (`arrivals_seen`). Busy replicas are kept
     while a queue drains (`running`), and the replicas on their way while the queue they will
     meet is not empty."""
-    s = loaded_service_time(signal, spec)
+    s = loaded_service_time(signal, spec) if s is None else s
     arrivals, waiting = signal.arrival_rate, signal.waiting
     if fleet.ready is None or fleet.horizon_s <= 0 or not s or arrivals is None or waiting is None:
         return None
@@ -231,6 +233,13 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
         s = loaded_service_time(signal, spec)
     elif in_flight is not None:
         terms["concurrency"] = in_flight / per_replica
+        if fleet is not None and (signal.waiting or 0.0) >= 1.0:
+            # No S that holds under load, so the concurrency term stands; but never below the
+            # queue term on Little's law's S, the one it uses while less than a request waits:
+            # more waiting never needs fewer replicas, and the replicas on their way are kept.
+            calm = queue_term(signal, spec, fleet, s)
+            if calm is not None:
+                terms["queue"], steady_queue = calm
     if s is not None and signal.arrival_rate is not None:
         terms["littles_law"] = signal.arrival_rate * s / per_replica
     queue_time = (
@@ -239,7 +248,7 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
         else (signal.queue_time_mean_s)
     )
     if (
-        steady_queue is None  # with a fleet, the queue term drains within the SLO already
+        queued is None  # with a fleet, the queue term drains within the SLO already
         and spec.queue_time_slo_s is not None
         and queue_time is not None
         and queue_time > spec.queue_time_slo_s

@@ -589,6 +589,30 @@ def test_scale_to_zero_is_not_held_by_the_step() -> None:
     assert drive.outcome(T0 + 61, 0.0, arrival=0.0) == (0, False, Reason.SCALE_TO_ZERO)
 
 
+@pytest.mark.parametrize(("waiting", "ready"), [(0.0, 0), (0.5, 1)])
+def test_a_request_waiting_without_a_loaded_service_time_never_lowers_the_need(
+    waiting: float, ready: int
+) -> None:
+    # Found by the property below: with no service time reported or configured, Little's law's
+    # S is only trusted while less than a request waits, so at one waiting request the queue
+    # term used to vanish (and the replicas on its way with it): 3 -> 2. The queue term on that
+    # S is now a floor under the concurrency term.
+    spec = make_spec(panicThreshold=2, scaleDownMaxPercent=50)
+    at = T0 + 5.0
+    first = Signal(at=at, source="t", running=9.0, waiting=0.0, arrival_rate=1.0, ready_pods=0)
+    _, state = decide(spec, first, PolicyState(), at, STALE)
+    at += 5.0
+    replicas = []
+    for queued in (waiting, 1.0):
+        signal = Signal(
+            at=at, source="t", running=8.0, waiting=queued, arrival_rate=1.0, ready_pods=ready
+        )
+        decision, _ = decide(spec, signal, state, at, STALE)
+        assert decision is not None
+        replicas.append(decision.replicas)
+    assert replicas[0] <= replicas[1]
+
+
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(
     st.lists(
