@@ -184,12 +184,19 @@ def queue_trend(seen: tuple[tuple[float, float, int], ...]) -> float | None:
     return (seen[-1][1] - seen[0][1]) / (seen[-1][0] - seen[0][0])
 
 
-def fleet(spec: WorkloadSpec, signal: Signal, state: PolicyState, at: float) -> capacity.Fleet:
+def fleet(
+    spec: WorkloadSpec,
+    signal: Signal,
+    state: PolicyState,
+    at: float,
+    seen: tuple[tuple[float, float, int], ...],
+) -> capacity.Fleet:
     """Replicas asked for within the horizon and not yet ready (the highest target this scaler
     returned within the horizon, less the ready pods the signal counts), and when they are
     expected to serve (a horizon after the target last rose). Without a count of ready pods from
     the source there is no fleet to reason about (`capacity.need` keeps the concurrency term):
-    assuming the HPA followed the target at once would feed each target back into the next."""
+    assuming the HPA followed the target at once would feed each target back into the next.
+    `seen`: the queue's observations with this signal's (`observe_queue`), for its trend."""
     ready = signal.ready_pods
     asked = _window_max(state.asked, at - spec.horizon_s)
     pending, pending_in = 0.0, 0.0
@@ -203,7 +210,7 @@ def fleet(spec: WorkloadSpec, signal: Signal, state: PolicyState, at: float) -> 
         pending=pending,
         pending_in_s=pending_in,
         asked=asked,
-        queue_trend=queue_trend(observe_queue(state.queue_seen, signal, at)),
+        queue_trend=queue_trend(seen),
     )
 
 
@@ -218,7 +225,8 @@ def decide(
 ) -> tuple[Decision | None, PolicyState]:
     if signal is None:
         return hold(state, at, stale_s, faults or ("no in-flight or arrival signal",)), state
-    ahead_of = fleet(spec, signal, state, at)
+    seen = observe_queue(state.queue_seen, signal, at)
+    ahead_of = fleet(spec, signal, state, at, seen)
     required = capacity.need(signal, spec.capacity, ahead_of)
     if required is None:
         reasons = faults + signal.reasons
@@ -341,5 +349,5 @@ def decide(
         raised_at=at if raised else state.raised_at,
         panic_until=panic_until,
         panic_peak=max(state.panic_peak, target) if panic_until is not None else 0,
-        queue_seen=observe_queue(state.queue_seen, signal, at),
+        queue_seen=seen,
     )

@@ -120,12 +120,13 @@ def test_a_companion_that_wants_no_placeholder_changes_nothing() -> None:
     _same(alone, paired)
 
 
-def _ramp(duration_s: float, low: float, high: float, seed: int = 0) -> Requests:
-    """A Poisson ramp from `low` to `high` req/s (thinning), long decodes: a growing fleet."""
+def _ramp(duration_s: float, start: float, end: float, seed: int = 0) -> Requests:
+    """A Poisson ramp from `start` to `end` req/s (thinning), long decodes."""
     rng = np.random.default_rng(seed)
-    t = np.cumsum(rng.exponential(1.0 / high, int(high * duration_s * 1.2)))
+    peak = max(start, end)
+    t = np.cumsum(rng.exponential(1.0 / peak, int(peak * duration_s * 1.2)))
     t = t[t < duration_s]
-    t = t[rng.random(t.size) < (low + (high - low) * t / duration_s) / high]
+    t = t[rng.random(t.size) < (start + (end - start) * t / duration_s) / peak]
     n = t.size
     return Requests(
         arrivals_s=t,
@@ -250,23 +251,6 @@ def test_the_simulated_companion_counts_pending_replicas_and_caps_at_max_replica
 # --- packing: pod-deletion-cost ---------------------------------------------------------------
 
 
-def _ramp_down(duration_s: float, start: float, end: float, seed: int = 0) -> Requests:
-    """A Poisson ramp from `start` down to `end` req/s (thinning), long decodes."""
-    rng = np.random.default_rng(seed)
-    peak = max(start, end)
-    t = np.cumsum(rng.exponential(1.0 / peak, int(peak * duration_s * 1.2)))
-    t = t[t < duration_s]
-    t = t[rng.random(t.size) < (start + (end - start) * t / duration_s) / peak]
-    n = t.size
-    return Requests(
-        arrivals_s=t,
-        input_tokens=np.full(n, 200, dtype=np.int64),
-        output_tokens=np.full(n, 1000, dtype=np.int64),
-        duration_s=duration_s,
-        name="ramp-down",
-    )
-
-
 def test_the_companion_packs_only_when_packing_is_on() -> None:
     for on in (True, False):
         prewarm = Prewarm(
@@ -286,7 +270,7 @@ def test_scaler_with_the_companion_pays_less_on_a_ramp_down_at_the_same_slo() ->
     with the companion (forecast off: placeholders for the target only, and packing) the
     emptiest nodes' pods go first, their nodes are consolidated, and it ends on 2 (6.9 GPU-h)
     with the same SLO attainment."""
-    requests = _ramp_down(900.0, 40.0, 2.0)
+    requests = _ramp(900.0, 40.0, 2.0)
     cfg = SimConfig(get_profile("llama3-8b-a100"), drain_s=300.0, policies=("scaler",))
     result = run_bench(requests, cfg)
     (alone,) = result.runs

@@ -30,6 +30,7 @@ from enum import Enum
 import numpy as np
 from numpy.typing import NDArray
 
+from scaler.companion.packing import PackPod, pack
 from scaler.sim.profiles import NodeType
 
 IntArray = NDArray[np.int64]
@@ -143,17 +144,28 @@ class Cluster:
                 self._unbind_placeholder(h, at)
             del self.placeholders[h.id]
 
-    def pack(self) -> None:
-        """Set every real pod's deletion cost to the real pods on its node, as the companion's
-        `scaler.companion` packing does: a scale-down then empties the least-used nodes first,
-        so WhenEmpty consolidation can remove them, where the ReplicaSet's default order
-        (doubled-up pods first) spreads the fleet and leaves every node part-full."""
-        live: dict[int, int] = {}
-        for pod in self.pods.values():
-            if pod.node is not None and pod.phase is not Phase.DRAINING:
-                live[pod.node] = live.get(pod.node, 0) + 1
-        for pod in self.pods.values():  # terminating pods are not counted (nor is their cost read)
-            pod.deletion_cost = live.get(pod.node, 0) if pod.node is not None else 0
+    def pack(self, limit: int | None = None) -> None:
+        """Write the deletion costs the companion's own rule (`scaler.companion.packing.pack`,
+        at most `limit` changes; None: all) wants for the live pods: the real pods on their node.
+        A scale-down then empties the least-used nodes first, so WhenEmpty consolidation can
+        remove them, where the ReplicaSet's default order (doubled-up pods first) spreads the
+        fleet and leaves every node part-full. Terminating pods are neither counted nor written."""
+        live = [
+            p for p in self.pods.values() if p.node is not None and p.phase is not Phase.DRAINING
+        ]
+        found = [
+            PackPod(
+                namespace="sim",
+                name=str(p.id),
+                node=str(p.node),
+                nodepool="sim",
+                workload="sim/workload",
+                deletion_cost=str(p.deletion_cost) if p.deletion_cost else None,
+            )
+            for p in live
+        ]
+        for change in pack(found, len(found) if limit is None else limit):
+            self.pods[int(change.pod.name)].deletion_cost = change.cost
 
     def warm(self, replicas: int, at: float = 0.0) -> None:
         """Start with `replicas` serving on ready nodes (the simulation's warm start)."""

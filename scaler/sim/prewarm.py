@@ -4,8 +4,8 @@ Why the real planner: the companion rows are meant to show what the companion bu
 `COMPANION_INTERVAL_S` it calls `scaler.companion.plan.plan` on values built from the simulated
 cluster exactly as `scaler.companion.kube` reads them from Kubernetes, applies the plan's
 placeholders with `Cluster.set_placeholders`, and (unless `CompanionConfig.pack` is off) packs:
-`Cluster.pack` sets each pod's `controller.kubernetes.io/pod-deletion-cost` to the pods on its
-node, as `scaler.companion.packing` does, so the HPA's next scale-downs empty the least-used
+`Cluster.pack` writes each pod's `controller.kubernetes.io/pod-deletion-cost` by the companion's
+own rule (`scaler.companion.packing.pack`), so the HPA's next scale-downs empty the least-used
 nodes first and WhenEmpty consolidation can remove them. Values:
 
 - demand: the scaler's latest Decision (replicas, active, forecast = its Outlook's q90 maximum
@@ -87,7 +87,7 @@ class Prewarm:
             pool_plan = self.companion_pass(at, cluster)
             cluster.set_placeholders(at, pool_plan.placeholders)
             if self.config.pack:
-                cluster.pack()
+                cluster.pack(self.config.pack_max_writes)
         return wanted
 
     def companion_pass(self, at: float, cluster: Cluster) -> NodePoolPlan:
