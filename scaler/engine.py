@@ -6,9 +6,25 @@ backend. So each workload gets one loop, started the first time KEDA asks about 
 once KEDA has not asked for `workloadIdleTimeoutSeconds`; the loop reads signals, decides, and
 publishes the decision; RPCs only read it.
 
-Ticks are aligned to the wall clock (t = k x evaluationIntervalSeconds) and a new loop first
-replays the source's history over the policy's windows, so two replicas, or a restarted one,
-given the same signals hold the same state and return the same answer.
+Ticks are aligned to the wall clock (t = k x evaluationIntervalSeconds + the workload's phase)
+and a new loop first replays the source's history over the policy's windows, so two replicas, or
+a restarted one, given the same signals hold the same state and return the same answer.
+
+Phases. A workload's ticks are offset from the wall-clock grid by its phase, a fixed fraction of
+the interval taken from a hash of its key (namespace, name, metric; crc32, so the same in every
+replica and every restart), below PHASE_SPREAD of the interval. With one shared grid, a thousand
+workloads evaluate at the same instant and hold the event loop, and every RPC waiting on it, for
+the whole burst (the p99 of `scaler bench load`); with phases, their evaluations are spread over
+PHASE_SPREAD of every interval, a few per millisecond at most. The trade-off, latency-wise: none
+for the decisions KEDA reads. A workload still evaluates once per interval, so a decision is never
+older than one interval (plus its read) and recovery still comes within one evaluation; its first
+decision still comes at once (on the last tick of its grid at or before now); KEDA polls at
+arbitrary instants, so the mean age of the decision it reads is unchanged. What moves is where in
+the interval each workload's tick falls: up to PHASE_SPREAD x interval later than the shared grid
+(and, for a given workload, always by the same amount). Why not the whole interval: a forecast
+bin closes at the first observation in the next bin (scaler.forecast_bank), so a tick's read must
+end before any workload's first tick of the next bin; the unused part of the interval keeps that
+margin (half an interval, 2.5 s at the default 5 s, instead of a whole one on a shared grid).
 """
 
 from __future__ import annotations
@@ -17,6 +33,7 @@ import asyncio
 import logging
 import math
 import time
+import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
@@ -37,7 +54,31 @@ HISTORY_MAX_POINTS = 2400  # per range query; Prometheus allows 11,000
 FORECAST_MEMORY_BINS = 120  # the forecaster's error memory (weights down to 1/100) and warm-up
 FORECAST_WARMUP_MAX_S = 6 * 3600.0
 SOURCE_FAILURE_LOG_EVERY_S = 60.0  # a persisting source failure is logged at most this often
+PHASE_SPREAD = 0.5  # phases cover [0, PHASE_SPREAD) of the interval (see the module docstring)
+REPLAY_TURN_EVERY = 8  # a warm start's replay gives the event loop a turn every this many points
 WorkloadKey = tuple[str, str, str]
+
+
+def phase_of(key: WorkloadKey) -> float:
+    """The workload's phase as a fraction of the interval, in [0, PHASE_SPREAD): from a stable
+    hash of its key, so every replica and every restart puts its ticks at the same instants."""
+    digest = zlib.crc32("\x00".join(key).encode("utf-8", "surrogatepass"))
+    return PHASE_SPREAD * digest / 2**32
+
+
+def tick_at_or_before(now: float, interval: float, phase: float) -> float:
+    """The last tick k x interval + phase x interval at or before `now`."""
+    offset = phase * interval
+    return math.floor((now - offset) / interval) * interval + offset
+
+
+def tick_after(last: float, interval: float, phase: float) -> float:
+    """The first tick of the grid strictly after `last` (the grid may have changed since)."""
+    offset = phase * interval
+    k = math.floor((last - offset) / interval) + 1
+    while k * interval + offset <= last:  # rounding put `last` just below its own grid point
+        k += 1
+    return k * interval + offset
 
 
 def _segment(end: float, span: float, interval: float) -> tuple[float, float]:
@@ -60,28 +101,44 @@ class NoDecisionError(Exception):
 
 
 class SourceFailures:
-    """Logs a run of source failures (a source raising what no source should): once when it
-    starts, with the error; at most every SOURCE_FAILURE_LOG_EVERY_S while it persists, with the
-    count; once when a read succeeds again. The evaluation counters still count every tick."""
+    """Logs a run of failed reads: once when it starts, with the fault and what is held; at most
+    every SOURCE_FAILURE_LOG_EVERY_S while it persists, with the count; once when a read succeeds
+    again. A fault the sources report (backend down, every pod failing, a timeout, a trigger that
+    no longer fits the ConfigMap) is a warning; a source raising what no source should (a bug) is
+    an error, with its traceback once. The evaluation counters still count every tick."""
 
     def __init__(self) -> None:
         self.count = 0  # failures in the current run; 0 while the source answers
         self.started = 0.0
         self.logged = 0.0
 
-    def failed(self, workload: str, exc: Exception, now: float) -> None:
+    def failed(
+        self, workload: str, exc: Exception, now: float, *, bug: bool, held: int | None
+    ) -> None:
         self.count += 1
-        fields = {"workload": workload, "error": repr(exc), "failures": self.count}
+        error = repr(exc) if bug else str(getattr(exc, "message", exc))
+        fields = {"workload": workload, "error": error, "failures": self.count, "held": held}
+        holding = f"holding {held} replicas" if held is not None else "no target to hold"
         if self.count == 1:
             self.started = self.logged = now
-            log.error("source failed", exc_info=exc, extra={"event": "source_failed", **fields})
+            if bug:
+                log.error("source failed", exc_info=exc, extra={"event": "source_failed", **fields})
+            else:
+                log.warning(
+                    "signals failing (%s): %s",
+                    holding,
+                    error,
+                    extra={"event": "source_failed", **fields},
+                )
         elif now - self.logged >= SOURCE_FAILURE_LOG_EVERY_S:
             self.logged = now
-            log.error(
-                "source still failing (%d failures in %.0fs): %r",
+            log.log(
+                logging.ERROR if bug else logging.WARNING,
+                "source still failing (%d failures in %.0fs; %s): %s",
                 self.count,
                 now - self.started,
-                exc,
+                holding,
+                error,
                 extra={
                     "event": "source_failing",
                     "failing_s": round(now - self.started, 3),
@@ -162,6 +219,10 @@ class Workload:
         self.updated = asyncio.Event()  # replaced after every publish; waiters wake on set()
         self.task: asyncio.Task[None] | None = None
         self.source_failures = SourceFailures()
+        self.phase = phase_of((trigger.namespace, trigger.name, trigger.metric_name))
+        # The last resolve: its trigger and config (compared by identity: both are immutable and
+        # replaced, never changed) and its result, a spec or the error to raise.
+        self.resolved: tuple[object, object, WorkloadSpec | NoDecisionError] | None = None
 
     def outlook(self, spec: WorkloadSpec) -> Outlook | None:
         """The current forecast outlook (None with forecasting off), built on first use and
@@ -317,9 +378,9 @@ class Engine:
             while not self._stopped:
                 server = self._store.current.server
                 interval = server.evaluation_interval_s
-                tick = math.floor(self._clock() / interval) * interval
+                tick = tick_at_or_before(self._clock(), interval, workload.phase)
                 if workload.last_tick is not None and tick <= workload.last_tick:
-                    tick = (math.floor(workload.last_tick / interval) + 1) * interval
+                    tick = tick_after(workload.last_tick, interval, workload.phase)
                     await asyncio.sleep(max(0.0, tick - self._clock()))
                 if self._monotonic() - workload.last_asked > server.workload_idle_timeout_s:
                     log.info(
@@ -345,12 +406,19 @@ class Engine:
             workload.updated.set()
 
     def _spec(self, workload: Workload) -> WorkloadSpec:
-        try:
-            return resolve(workload.trigger, self._store.current)
-        except ResolveError as exc:
-            raise NoDecisionError(
-                Fault.FAILED_PRECONDITION, f"{workload.trigger.workload}: {exc}"
-            ) from None
+        """The workload's spec, resolved again only when its trigger or the config changed."""
+        trigger, config = workload.trigger, self._store.current
+        cached = workload.resolved
+        if cached is None or cached[0] is not trigger or cached[1] is not config:
+            result: WorkloadSpec | NoDecisionError
+            try:
+                result = resolve(trigger, config)
+            except ResolveError as exc:
+                result = NoDecisionError(Fault.FAILED_PRECONDITION, f"{trigger.workload}: {exc}")
+            cached = workload.resolved = (trigger, config, result)
+        if isinstance(cached[2], NoDecisionError):
+            raise cached[2]
+        return cached[2]
 
     async def _warm_start(self, workload: Workload) -> None:
         """Replay the source's recent history through the policy on the tick grid.
@@ -364,7 +432,7 @@ class Engine:
         except NoDecisionError:
             return
         interval = self._store.current.server.evaluation_interval_s
-        end = math.floor(self._clock() / interval) * interval
+        end = tick_at_or_before(self._clock(), interval, workload.phase)
         # The fine part, tick for tick, covers all the policy remembers exactly: the
         # stabilization window, replicas asked within the horizon, and panic's windows.
         fine_start, fine_step = _segment(end, policy_memory_s(spec), interval)
@@ -386,7 +454,9 @@ class Engine:
         stale = self._store.current.server.stale_target_s
         state = workload.state
         with workload.replaying():
-            for signal in history:
+            for index, signal in enumerate(history):
+                if index and index % REPLAY_TURN_EVERY == 0:  # a long replay must not hold the loop
+                    await self._turns.take()
                 decision, state = decide(
                     spec, signal, state, signal.at, stale, outlook=workload.outlook(spec)
                 )
@@ -408,8 +478,6 @@ class Engine:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a source bug must not cost the last good target
-            if not isinstance(exc, (NoDecisionError, SourceError, TimeoutError)):
-                workload.source_failures.failed(workload.trigger.workload, exc, self._monotonic())
             problem = (
                 exc
                 if isinstance(exc, NoDecisionError)
@@ -419,6 +487,14 @@ class Engine:
                 )
             )
             decision = hold(workload.state, at, stale, (problem.message,))
+            bug = not isinstance(exc, (NoDecisionError, SourceError, TimeoutError))
+            workload.source_failures.failed(
+                workload.trigger.workload,
+                exc if bug else problem,
+                self._monotonic(),
+                bug=bug,
+                held=decision.replicas if decision is not None else None,
+            )
             telemetry.EVALUATIONS.labels(outcome="held" if decision else "none").inc()
             workload.publish(decision, None if decision else problem)
             return
@@ -448,6 +524,7 @@ class Engine:
                     "active": decision.active,
                     "reason": decision.reason.value,
                     "detail": decision.detail,
+                    "faults": list(decision.faults),  # why a `hold` holds (missing signals)
                     "forecast_q90": decision.outlook.upper_max if decision.outlook else None,
                 },
             )

@@ -4,6 +4,7 @@ the replica target KEDA gets rises with the queue, and faults leave it static.""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -217,13 +218,16 @@ async def test_prometheus_source_scopes_by_namespace_and_selector(start_promethe
         assert evaluation.value == -(-in_flight // 4)
 
 
-async def test_prometheus_outage_holds_the_target_and_recovers(start_prometheus, start_server):
+async def test_prometheus_outage_holds_the_target_and_recovers(
+    start_prometheus, start_server, caplog
+):
     body = 'vllm:num_requests_waiting{{model_name="m",engine="0"}} {}\n'
     with MetricsEndpoint(body.format(40)) as pod:
         prom = await asyncio.to_thread(
             start_prometheus, {"m": [pod.target]}, 0.5, {"namespace": "team-a"}
         )
         await asyncio.to_thread(prom.wait_for_series, "vllm:num_requests_waiting", 30)
+        caplog.set_level(logging.INFO, logger="scaler.engine")
         server, client = await start_server(FAST)
         so = ref(
             "m",
@@ -243,6 +247,9 @@ async def test_prometheus_outage_holds_the_target_and_recovers(start_prometheus,
         assert any("prometheus" in fault.lower() for fault in held.faults)
         evaluation = await client.evaluate(so)
         assert (evaluation.value, evaluation.active) == (5.0, True)  # never lowered, still active
+        failed = [r for r in caplog.records if getattr(r, "event", None) == "source_failed"]
+        assert len(failed) == 1 and failed[0].levelname == "WARNING"  # logged once, when it began
+        assert getattr(failed[0], "held", None) == 5
         pod.body = body.format(80)
         await asyncio.to_thread(prom.restart)
         await asyncio.to_thread(
@@ -255,6 +262,7 @@ async def test_prometheus_outage_holds_the_target_and_recovers(start_prometheus,
         back_at = time.monotonic()
         await wait_decision(server, "m", lambda d: d.replicas == 10 and d.reason.value != "hold", 5)
         assert time.monotonic() - back_at <= 1.0  # within one evaluation once data is back
+        assert "source_recovered" in [getattr(r, "event", None) for r in caplog.records]
 
 
 async def test_warm_start_from_prometheus_history_matches_a_running_replica(

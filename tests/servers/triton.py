@@ -119,6 +119,31 @@ class TritonServer(StartStop):
     def start(self) -> None:
         if self.proc is not None:
             raise RuntimeError("TritonServer already started")
+        # Ephemeral ports can collide between free_port() and Triton's bind: retry a few times.
+        attempts = 3
+        for attempt in range(1, attempts + 1):
+            self.http_port, self.grpc_port, self.metrics_port = _distinct_free_ports(3)
+            if self._launch(retry_in_use=attempt < attempts):
+                return
+
+    def restart(self) -> None:
+        """Start again on the SAME ports after stop() or kill() (a pod coming back at its
+        address). A port still held by the old process's sockets is retried for a few seconds."""
+        if self.http_port == 0:
+            raise RuntimeError("TritonServer.restart() before start()")
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                raise RuntimeError("TritonServer.restart() while it is running; stop() first")
+            self._reap_group()
+            self.proc = None
+        attempts = 5
+        for attempt in range(1, attempts + 1):
+            if self._launch(retry_in_use=attempt < attempts):
+                return
+            time.sleep(1.0)
+
+    def _launch(self, *, retry_in_use: bool) -> bool:
+        """One start on the current ports. False if a port was in use and `retry_in_use`."""
         if not TRITON_PYTHON.exists():
             raise TritonStartError(triton_venv_missing_message())
         env = dict(os.environ)
@@ -127,42 +152,39 @@ class TritonServer(StartStop):
             p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p
         )
         env["PYTHONUNBUFFERED"] = "1"
-        # Ephemeral ports can collide between free_port() and Triton's bind: retry a few times.
-        attempts = 3
-        for attempt in range(1, attempts + 1):
-            self.http_port, self.grpc_port, self.metrics_port = _distinct_free_ports(3)
-            fd, log_name = tempfile.mkstemp(prefix="triton-toy-", suffix=".log")
-            self.log_path = Path(log_name)
-            started = time.monotonic()
-            with os.fdopen(fd, "wb") as log:
-                self.proc = subprocess.Popen(
-                    [
-                        str(TRITON_PYTHON),
-                        str(TOY_SCRIPT),
-                        f"--http-port={self.http_port}",
-                        f"--grpc-port={self.grpc_port}",
-                        f"--metrics-port={self.metrics_port}",
-                    ],
-                    cwd=REPO_ROOT,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    # Own process group: a SIGKILL fallback also reaches tritonserver and the
-                    # Python backend stub that triton_toy.py starts.
-                    start_new_session=True,
-                )
-            try:
-                self._wait_ready()
-            except TritonStartError as err:
-                tail = self.log_tail()
-                self.kill()
-                in_use = "address already in use" in tail.lower()
-                if in_use and attempt < attempts:
-                    continue
-                raise TritonStartError(f"{err}\n--- {self.log_path} (tail) ---\n{tail}") from None
-            self.start_seconds = time.monotonic() - started
-            return
+        fd, log_name = tempfile.mkstemp(prefix="triton-toy-", suffix=".log")
+        self.log_path = Path(log_name)
+        started = time.monotonic()
+        with os.fdopen(fd, "wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    str(TRITON_PYTHON),
+                    str(TOY_SCRIPT),
+                    f"--http-port={self.http_port}",
+                    f"--grpc-port={self.grpc_port}",
+                    f"--metrics-port={self.metrics_port}",
+                ],
+                cwd=REPO_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Own process group: a SIGKILL fallback also reaches tritonserver and the
+                # Python backend stub that triton_toy.py starts.
+                start_new_session=True,
+            )
+        try:
+            self._wait_ready()
+        except TritonStartError as err:
+            tail = self.log_tail()
+            self.kill()
+            self._reap_group()
+            self.proc = None
+            if "address already in use" in tail.lower() and retry_in_use:
+                return False
+            raise TritonStartError(f"{err}\n--- {self.log_path} (tail) ---\n{tail}") from None
+        self.start_seconds = time.monotonic() - started
+        return True
 
     def _wait_ready(self) -> None:
         assert self.proc is not None
