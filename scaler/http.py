@@ -39,9 +39,7 @@ def decision_json(decision: Decision) -> dict[str, Any]:
         "arrival_rate": decision.arrival_rate,
         "faults": list(decision.faults),
         "signal": dataclasses.asdict(decision.signal) if decision.signal is not None else None,
-        "forecast": (
-            dataclasses.asdict(decision.outlook) if decision.outlook is not None else None
-        ),
+        "forecast": (decision.outlook._asdict() if decision.outlook is not None else None),
     }
 
 

@@ -135,16 +135,19 @@ def test_an_adopted_history_replaces_a_start_made_in_the_same_bin() -> None:
 
 
 def test_outlooks_are_built_as_outlook_builds_them() -> None:
-    """The bank fills Outlook instances without their __init__: the same objects."""
+    """The bank builds Outlooks in one C loop: the same objects as the constructor's."""
     built = _outlooks([1.5, 0.0], [2.5, 0.25], ("naive", "ses"), [60.0, 55.0], 1234.0)
     expected = [Outlook(1.5, 2.5, "naive", 60.0, 1234.0), Outlook(0.0, 0.25, "ses", 55.0, 1234.0)]
     assert built == expected
-    assert [vars(outlook) for outlook in built] == [vars(outlook) for outlook in expected]
+    assert [o._asdict() for o in built] == [o._asdict() for o in expected]
+    assert built[1].upper_max == 0.25 and built[1].model == "ses" and built[0].made_at == 1234.0
     assert [hash(outlook) for outlook in built] == [hash(outlook) for outlook in expected]
     assert [repr(outlook) for outlook in built] == [repr(outlook) for outlook in expected]
     assert all(type(outlook) is Outlook for outlook in built)
     with pytest.raises(AttributeError):
         built[0].point_max = 3.0  # type: ignore[misc]
+    with pytest.raises(ValueError, match="one value per row"):
+        _outlooks([1.0], [2.0, 3.0], ("naive",), [60.0], 0.0)
 
 
 def test_a_released_row_is_reused_clean() -> None:

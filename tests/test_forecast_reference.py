@@ -6,23 +6,28 @@ computes the same arithmetic in place, in blocks, in other layouts, with masked 
 instead of np.where and shortcuts where a count no longer matters; none of that may change a
 number. Compared with ==, after every update, on bursty series with missing values, zeros and
 infinities, with and without a season, with other parameters, and through row operations.
+
+The forecaster learns at a grid of steps (`step_grid`); at those steps its numbers are those of a
+forecaster that learns at every step, also compared with ==.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 from numpy.typing import ArrayLike
 
-from scaler.forecast import ForecastResult, ScalerForecaster
+from scaler.forecast import ForecastResult, ScalerForecaster, select
 from scaler.forecast._arrays import State, observe
 from scaler.forecast.select import (
     _CALIBRATION_MEMORY,
     _LEVEL_ALPHA,
     _VOL_ALPHA,
     pinball_loss,
+    spread_steps,
     top_experts,
 )
 
@@ -61,20 +66,20 @@ class Reference(ScalerForecaster):
 
     def _reset(self) -> None:
         self._models = self._candidates()
-        c, n, h = len(self._models), self.n_series, self.horizon
+        c, n, h, g = len(self._models), self.n_series, self.horizon, self._steps.size
         e = 2 * c
         self._t = self.origin
         # Time bookkeeping (rings indexed by issue bin mod horizon), not learnt state:
-        self._pending = np.full((c, n, h, h), np.nan)  # candidates' points awaiting actuals
+        self._pending = np.full((c, n, h, g), np.nan)  # candidates' points awaiting actuals
         self._vol_issued = np.full((n, h), np.nan)  # volatility each forecast was issued with
         self._issued = np.full((e, n, self.eval_step), np.nan)  # experts' bounds at eval_step
-        self._point_issued = np.full((n, h, h), np.nan)  # the combined point and bound
-        self._upper_issued = np.full((n, h, h), np.nan)
-        # Per expert, series and step: error mean, mean absolute deviation, z, count.
-        self._m = np.zeros((e, n, h))
-        self._s = np.zeros((e, n, h))
-        self._z = np.full((e, n, h), self._z0)
-        self._n = np.zeros((e, n, h), dtype=np.int64)
+        self._point_issued = np.full((n, h, g), np.nan)  # the combined point and bound
+        self._upper_issued = np.full((n, h, g), np.nan)
+        # Per expert, series and grid step: error mean, mean absolute deviation, z, count.
+        self._m = np.zeros((e, n, g))
+        self._s = np.zeros((e, n, g))
+        self._z = np.full((e, n, g), self._z0)
+        self._n = np.zeros((e, n, g), dtype=np.int64)
         self._loss = np.zeros((e, n))
         self._n_scored = np.zeros((e, n), dtype=np.int64)
         # Per series: level and volatility (scaled experts), mean one-step change (fallback).
@@ -87,14 +92,14 @@ class Reference(ScalerForecaster):
         self._n_changes = np.zeros(n, dtype=np.int64)
         self._scale = np.zeros(n)
         # Calibration of the combined bound, per series and step.
-        self._mae = np.zeros((n, h))
-        self._n_calibrated = np.zeros((n, h), dtype=np.int64)
-        self._adjust = np.zeros((n, h))
-        # The current forecast.
+        self._mae = np.zeros((n, g))
+        self._n_calibrated = np.zeros((n, g), dtype=np.int64)
+        self._adjust = np.zeros((n, g))
+        # The current forecast at the grid steps.
         self._best = np.zeros(n, dtype=np.int64)
-        self._point = np.zeros((n, h))
-        self._upper = np.zeros((n, h))
-        self._lower = np.zeros((n, h))
+        self._point = np.zeros((n, g))
+        self._upper = np.zeros((n, g))
+        self._lower = np.zeros((n, g))
 
     def choice(self) -> tuple[str, ...]:
         """The best-ranked expert's point model for each series right now (for logs, `explain`)."""
@@ -103,11 +108,11 @@ class Reference(ScalerForecaster):
         return tuple(names[int(index) % c] for index in self._best)
 
     def predict(self, h: int) -> ForecastResult:
-        """Copies of the (N, horizon) arrays."""
+        """The (N, G) arrays spread over steps 1..h."""
         return ForecastResult(
-            point=self._point[:, :h].copy(),
-            upper=self._upper[:, :h].copy(),
-            lower=self._lower[:, :h].copy(),
+            point=spread_steps(self._point.T, h, self._between).T.copy(),
+            upper=spread_steps(self._upper.T, h, self._between).T.copy(),
+            lower=spread_steps(self._lower.T, h, self._between).T.copy(),
             model=self.choice(),
         )
 
@@ -119,7 +124,7 @@ class Reference(ScalerForecaster):
         present = ok[:, None]
 
         # 1. Errors of the forecasts made 1..h bins ago for this bin, per expert.
-        due = self._pending[:, :, slots, self._steps - 1]  # (C, N, h)
+        due = self._pending[:, :, slots, self._at]  # (C, N, G)
         raw = column[None] - due
         err = np.concatenate([raw, raw / self._vol_issued[None, :, slots]])
         valid = present[None] & np.isfinite(err)
@@ -144,8 +149,8 @@ class Reference(ScalerForecaster):
         self._loss = np.where(scored, self._loss + weight * (loss - self._loss), self._loss)
 
         # 3. Calibrate the combined bound on its own hits and misses.
-        point_due = self._point_issued[:, slots, self._steps - 1]
-        upper_due = self._upper_issued[:, slots, self._steps - 1]
+        point_due = self._point_issued[:, slots, self._at]
+        upper_due = self._upper_issued[:, slots, self._at]
         hit = present & np.isfinite(point_due)
         self._n_calibrated += hit
         rate = np.maximum(1.0 / np.maximum(self._n_calibrated, 1), 1.0 / _CALIBRATION_MEMORY)
@@ -183,11 +188,11 @@ class Reference(ScalerForecaster):
 
         # 5. New forecasts: every candidate, every expert's bound, the combination.
         given = np.where(ok, values, np.nan)
-        points = np.empty((len(self._models), self.n_series, h))
+        points = np.empty((len(self._models), self.n_series, self._steps.size))
         ready = np.empty((len(self._models), self.n_series), dtype=np.bool_)
         for c, model in enumerate(self._models):
             model.update(given)
-            points[c] = model.predict(h)
+            points[c] = model.predict(h)[:, self._steps - 1]
             ready[c] = model.ready
         both = np.concatenate([points, points])
         ready_e = np.concatenate([ready, ready])
@@ -198,8 +203,7 @@ class Reference(ScalerForecaster):
         unit = np.concatenate([np.ones(c1), np.broadcast_to(vol[None, :, None], c1)])
         upper_e = both + np.maximum(np.where(trusted, (self._m + spread) * unit, fallback), 0.0)
         lower_e = both + np.minimum(np.where(trusted, (self._m - spread) * unit, -fallback), 0.0)
-        k = self.eval_step
-        self._issued[:, :, slot] = np.where(ready_e, upper_e[:, :, k - 1], np.nan)
+        self._issued[:, :, slot] = np.where(ready_e, upper_e[:, :, self._eval_at], np.nan)
 
         usable = ready_e & (self._n_scored >= self.min_errors)
         usable[0] = True  # Naive, raw bound: always
@@ -337,3 +341,31 @@ def test_many_rows_equal_the_reference() -> None:
         mine.update(y[:, k])
         reference.update(y[:, k])
     same(mine, reference)
+
+
+@pytest.mark.parametrize(("horizon", "period"), [(12, None), (30, 8), (9, None)])
+def test_grid_steps_are_those_of_a_forecaster_that_learns_every_step(
+    horizon: int, period: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n, bins = 10, 150
+    y = series(7, n, bins, period)
+    mine = ScalerForecaster(n, horizon, period)
+    steps = mine._steps
+    assert steps.size < horizon  # the grid skips steps
+    monkeypatch.setattr(select, "step_grid", lambda h, eval_step: np.arange(1, h + 1))
+    every = ScalerForecaster(n, horizon, period)
+    assert every._steps.size == horizon
+    for k in range(bins):
+        mine.update(y[:, k])
+        every.update(y[:, k])
+        a, b = mine.predict(horizon), every.predict(horizon)
+        for x, z in ((a.point, b.point), (a.upper, b.upper), (a.lower, b.lower)):
+            assert np.array_equal(x[:, steps - 1], z[:, steps - 1], equal_nan=True)
+        assert a.model == b.model
+    # Between grid steps the forecast is linear: here the upper bound at every step lies within
+    # its two grid neighbours', where the every-step forecaster's need not.
+    upper = mine.predict(horizon).upper
+    for low, high in itertools.pairwise(steps):
+        inner = upper[:, low : high - 1]
+        assert np.all(inner >= np.minimum(upper[:, [low - 1]], upper[:, [high - 1]]) - 1e-9)
+        assert np.all(inner <= np.maximum(upper[:, [low - 1]], upper[:, [high - 1]]) + 1e-9)

@@ -263,10 +263,10 @@ class _Base(RowState):
     def predict(self, h: int) -> FloatArray:
         return np.maximum(self._predict(check_steps(h)), 0.0)
 
-    def predict_steps(self, out: FloatArray) -> None:
-        """`predict(h)` transposed into `out` (shape (h, N), h = its first axis): the same numbers
-        laid out step by step, as `ScalerForecaster` keeps them."""
-        out[...] = self.predict(out.shape[0]).T
+    def predict_steps(self, out: FloatArray, steps: IntArray) -> None:
+        """`predict`'s values at `steps` (1-based, ascending) into `out` (shape (len(steps), N)):
+        the same numbers laid out step by step, as `ScalerForecaster` keeps them."""
+        out[...] = self.predict(int(steps[-1])).T[steps - 1]
 
     def _flat_steps(self, value: FloatArray, out: FloatArray) -> None:
         """A flat forecast: every step is `value`, clamped at 0 as `predict` does."""
@@ -306,7 +306,7 @@ class Naive(_Base):
     def _predict(self, h: int) -> FloatArray:
         return np.repeat(self._last[:, None], h, axis=1)
 
-    def predict_steps(self, out: FloatArray) -> None:
+    def predict_steps(self, out: FloatArray, steps: IntArray) -> None:
         self._flat_steps(self._last, out)
 
     def state(self) -> State:
@@ -337,7 +337,7 @@ class MovingAverage(_Base):
     def _predict(self, h: int) -> FloatArray:
         return np.repeat(moving_average_mean(self._buf, self._n_obs)[:, None], h, axis=1)
 
-    def predict_steps(self, out: FloatArray) -> None:
+    def predict_steps(self, out: FloatArray, steps: IntArray) -> None:
         self._flat_steps(moving_average_mean(self._buf, self._n_obs), out)
 
     def state(self) -> State:
@@ -421,7 +421,7 @@ class SimpleExponential(_Base):
     def _predict(self, h: int) -> FloatArray:
         return np.repeat(self._level[:, None], h, axis=1)
 
-    def predict_steps(self, out: FloatArray) -> None:
+    def predict_steps(self, out: FloatArray, steps: IntArray) -> None:
         self._flat_steps(self._level, out)
 
     def state(self) -> State:
@@ -461,9 +461,9 @@ class HoltDamped(_Base):
     def _predict(self, h: int) -> FloatArray:
         return holt_forecast(self._level, self._trend, self.phi, h)
 
-    def predict_steps(self, out: FloatArray) -> None:
-        # holt_forecast's level + trend * damped sum, per element, in (h, N) layout.
-        sums = damped_sums(self.phi, out.shape[0])
+    def predict_steps(self, out: FloatArray, steps: IntArray) -> None:
+        # holt_forecast's level + trend * damped sum, per element, in (steps, N) layout.
+        sums = damped_sums(self.phi, int(steps[-1]))[steps - 1]
         np.multiply(self._trend[None, :], sums[:, None], out=out)
         out += self._level
         np.maximum(out, 0.0, out=out)

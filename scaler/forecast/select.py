@@ -33,6 +33,16 @@ Naive with the raw bound always competes, so every series has a forecast.
 Calibration. Finally, per series and step, an additive correction to the combined bound keeps its
 own recent hit rate at q (adaptive conformal style): after each scored bound it moves by
 `calibration_rate` * (mean absolute error of the combined point) * (miss - (1 - q)).
+
+Steps. The forecaster learns at the steps of `step_grid(horizon, eval_step)`: every step up to 4,
+then 6, 8, 12, 16, 24, 32, ... (about 1.5x apart), the horizon and eval_step. Every statistic of a
+step depends on that step alone (its errors, its z, its calibration; the experts are scored at
+eval_step), so the numbers at a grid step are those of a forecaster that learns at every step, and
+the cost grows with the logarithm of the horizon instead of the horizon (a 300 s horizon in 10 s
+bins: 10 steps instead of 30). Between two grid steps the forecast (point and bounds) is linear
+between their values, which is where a horizon's errors already are: smooth in the step. `peaks`
+is the highest value at the grid steps up to h (and at h itself), which is the highest of that
+line.
 """
 
 from __future__ import annotations
@@ -103,6 +113,42 @@ def top_experts(loss: FloatArray, usable: BoolArray, top: int) -> tuple[IntArray
     order = np.argsort(masked, axis=0, kind="stable")[:top]
     weight = np.take_along_axis(usable, order, axis=0).astype(np.float64)
     return order, weight
+
+
+def step_grid(horizon: int, eval_step: int) -> IntArray:
+    """The steps learnt (see the module docstring): 1-4, then 2^k and 1.5 x 2^k up to the
+    horizon, the horizon and eval_step; ascending."""
+    steps = {1, 2, 3, 4, horizon, eval_step}
+    power = 4
+    while power < horizon:
+        steps.update((power + power // 2, 2 * power))
+        power *= 2
+    return np.array(sorted(k for k in steps if k <= horizon), dtype=np.int64)
+
+
+def _between_steps(steps: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+    """For each step 1..steps[-1]: the grid indices below and above it and its weight between
+    them (0 at a grid step, whose value is taken as it is)."""
+    every = np.arange(1, int(steps[-1]) + 1)
+    upper = np.searchsorted(steps, every)  # the first grid step >= the step
+    lower = np.where(steps[upper] == every, upper, upper - 1)
+    span = (steps[upper] - steps[lower]).astype(np.float64)
+    weight = np.divide(every - steps[lower], span, out=np.zeros(every.size), where=span > 0)
+    return lower.astype(np.int64), upper.astype(np.int64), weight
+
+
+def spread_steps(
+    by_grid: FloatArray, h: int, between: tuple[IntArray, IntArray, FloatArray]
+) -> FloatArray:
+    """Values at the grid steps, shape (G, N) -> values at steps 1..h, shape (h, N): the grid
+    steps' own values, linear in between."""
+    lower, upper, weight = (part[:h] for part in between)
+    out = by_grid[lower]
+    inner = np.flatnonzero(weight > 0.0)
+    if inner.size:
+        low, high = by_grid[lower[inner]], by_grid[upper[inner]]
+        out[inner] = low + weight[inner, None] * (high - low)
+    return out
 
 
 class ScalerForecaster(RowState):
@@ -194,8 +240,11 @@ class ScalerForecaster(RowState):
         self.calibration_rate = check_unit(calibration_rate, "calibration_rate", closed_low=True)
         z = NormalDist().inv_cdf(self.quantile)
         self._z0 = z * _MAD_TO_SIGMA  # the normal's q-quantile in mean-absolute-deviation units
-        self._fallback = z * _MAD_TO_SIGMA * np.sqrt(np.arange(1.0, self.horizon + 1.0))
-        self._steps = np.arange(1, self.horizon + 1)
+        self._steps = step_grid(self.horizon, self.eval_step)  # the steps learnt (G)
+        self._at = np.arange(self._steps.size)  # their positions on the step axis
+        self._eval_at = int(np.searchsorted(self._steps, self.eval_step))
+        self._between = _between_steps(self._steps)
+        self._fallback = z * _MAD_TO_SIGMA * np.sqrt(self._steps.astype(np.float64))
         self._decay = 1.0 - 0.5 ** (1.0 / self.halflife)
         # z's step after a miss and after a hit, and their difference: a step is then
         # down + miss * jump, exactly the same number when that sum rounds back to `up`.
@@ -225,23 +274,23 @@ class ScalerForecaster(RowState):
 
     def _reset(self) -> None:
         self._models = self._candidates()
-        c, n, h = len(self._models), self.n_series, self.horizon
+        c, n, h, g = len(self._models), self.n_series, self.horizon, self._steps.size
         e = 2 * c
         self._t = self.origin
         self._n_floor = 0.0  # counts only grow, but row operations may bring new ones
         # Time bookkeeping (rings indexed by issue bin mod horizon), not learnt state:
         # Layouts put the series last, so a step's or an issue bin's values are contiguous.
-        self._pending = np.full((c, h, h, n), np.nan)  # candidates' points awaiting actuals
+        self._pending = np.full((c, h, g, n), np.nan)  # candidates' points awaiting actuals
         self._vol_issued = np.full((h, n), np.nan)  # volatility each forecast was issued with
         self._issued = np.full((self.eval_step, e, n), np.nan)  # experts' bounds at eval_step
-        self._point_issued = np.full((h, h, n), np.nan)  # the combined point and bound
-        self._upper_issued = np.full((h, h, n), np.nan)
+        self._point_issued = np.full((h, g, n), np.nan)  # the combined point and bound
+        self._upper_issued = np.full((h, g, n), np.nan)
         # Per expert, step and series: error mean, mean absolute deviation, z, count (counts are
         # floats: exact to 2**53, and cheaper to mix with the others).
-        self._m = np.zeros((e, h, n))
-        self._s = np.zeros((e, h, n))
-        self._z = np.full((e, h, n), self._z0)
-        self._n = np.zeros((e, h, n))
+        self._m = np.zeros((e, g, n))
+        self._s = np.zeros((e, g, n))
+        self._z = np.full((e, g, n), self._z0)
+        self._n = np.zeros((e, g, n))
         self._loss = np.zeros((e, n))
         self._n_scored = np.zeros((e, n))
         # Per series: level and volatility (scaled experts), mean one-step change (fallback).
@@ -254,14 +303,14 @@ class ScalerForecaster(RowState):
         self._n_changes = np.zeros(n, dtype=np.int64)
         self._scale = np.zeros(n)
         # Calibration of the combined bound, per step and series.
-        self._mae = np.zeros((h, n))
-        self._n_calibrated = np.zeros((h, n))
-        self._adjust = np.zeros((h, n))
-        # The current forecast, step by step (h, N); `predict` transposes it.
+        self._mae = np.zeros((g, n))
+        self._n_calibrated = np.zeros((g, n))
+        self._adjust = np.zeros((g, n))
+        # The current forecast at the grid steps (G, N); `predict` spreads it over every step.
         self._best = np.zeros(n, dtype=np.int64)
-        self._point = np.zeros((h, n))
-        self._upper = np.zeros((h, n))
-        self._lower = np.zeros((h, n))
+        self._point = np.zeros((g, n))
+        self._upper = np.zeros((g, n))
+        self._lower = np.zeros((g, n))
 
     def _row_models(self) -> list[RowState]:
         models: list[RowState] = [m for m in self._models if isinstance(m, RowState)]
@@ -322,16 +371,16 @@ class ScalerForecaster(RowState):
     def update(self, y: ArrayLike) -> None:
         values, ok = observe(y, self.n_series)
         t, h, q = self._t, self.horizon, self.quantile
-        n_series, c = self.n_series, len(self._models)
-        slots = (t - self._steps) % h
+        n_series, c, g = self.n_series, len(self._models), self._steps.size
+        slots = (t - self._steps) % h  # where each grid step's forecast for this bin was issued
         # Elementwise arithmetic as in the textbook form, computed in place over all experts,
         # steps and series at once; a masked update is computed everywhere and then undone where
         # the mask is off (cheaper than np.where when the mask is mostly on), and a choice between
         # two step sizes is a product with the 0/1 mask (exact: x * 1 = x, x * 0 + y = y).
 
-        # 1. Errors of the forecasts made 1..h bins ago for this bin, per expert.
-        due = self._pending[:, slots, self._steps - 1]  # (C, h, N)
-        err = np.empty((2 * c, h, n_series))
+        # 1. Errors of the forecasts made a grid step ago for this bin, per expert.
+        due = self._pending[:, slots, self._at]  # (C, G, N)
+        err = np.empty((2 * c, g, n_series))
         np.subtract(values, due, out=err[:c])
         np.divide(err[:c], self._vol_issued[slots], out=err[c:])
         valid = np.isfinite(err)
@@ -358,8 +407,8 @@ class ScalerForecaster(RowState):
         deviation = np.empty_like(self._s)
         z_new = np.empty_like(z)
         # A few experts at a time, so the arrays a block works on stay in the CPU's cache.
-        block = max(1, _BLOCK_CELLS // (h * n_series))
-        step_buffer = np.empty((min(block, 2 * c), h, n_series))
+        block = max(1, _BLOCK_CELLS // (g * n_series))
+        step_buffer = np.empty((min(block, 2 * c), g, n_series))
         for first in range(0, 2 * c, block):
             part = slice(first, first + block)
             err_b, valid_b, n_b, z_b = err[part], valid[part], n[part], z[part]
@@ -421,8 +470,8 @@ class ScalerForecaster(RowState):
         self._loss = np.where(hit_e, loss, self._loss)
 
         # 3. Calibrate the combined bound on its own hits and misses (per step and series).
-        point_due = self._point_issued[slots, self._steps - 1]
-        upper_due = self._upper_issued[slots, self._steps - 1]
+        point_due = self._point_issued[slots, self._at]
+        upper_due = self._upper_issued[slots, self._at]
         hit = np.isfinite(point_due)
         hit &= ok
         least = self._n_calibrated.min(where=hit, initial=np.inf)
@@ -473,19 +522,19 @@ class ScalerForecaster(RowState):
         # 5. New forecasts: every candidate; every expert's bound at eval_step (to be scored);
         # the combination of the best experts, whose bounds alone are needed at every step.
         given = np.where(ok, values, np.nan)
-        points = np.empty((c, h, n_series))
+        points = np.empty((c, g, n_series))  # at the grid steps
         ready = np.empty((c, n_series), dtype=np.bool_)
         for i, model in enumerate(self._models):
             if isinstance(model, _Base):
                 model._step(values, ok)  # what update(given) does after checking its input
-                model.predict_steps(points[i])
+                model.predict_steps(points[i], self._steps)
             else:
                 model.update(given)
-                points[i] = model.predict(h).T
+                points[i] = model.predict(h).T[self._steps - 1]
             ready[i] = model.ready
         ready_e = np.concatenate([ready, ready])
-        fallback = self._fallback[:, None] * self._scale[None, :]  # (h, N)
-        k = self.eval_step - 1
+        fallback = self._fallback[:, None] * self._scale[None, :]  # (G, N)
+        k = self._eval_at
         upper_k = np.multiply(self._z[:, k], self._s[:, k])
         upper_k += self._m[:, k]
         upper_k[c:] *= vol
@@ -502,9 +551,9 @@ class ScalerForecaster(RowState):
         order, pick = top_experts(self._loss, usable, self.top)
         pick /= pick.sum(axis=0)
         wide = pick[:, None, :]
-        cells = h * n_series
-        base = np.arange(cells).reshape(h, n_series)
-        at = order[:, None, :] * cells + base  # (top, h, N) flat positions of the picks
+        cells = g * n_series
+        base = np.arange(cells).reshape(g, n_series)
+        at = order[:, None, :] * cells + base  # (top, G, N) flat positions of the picks
         point_at = (order % c)[:, None, :] * cells + base
         chosen = points.reshape(-1).take(point_at)  # take: the same gather, cheaper than []
         z_at = self._z.reshape(-1).take(at)
@@ -531,7 +580,7 @@ class ScalerForecaster(RowState):
         chosen *= wide
         up *= wide
         down *= wide
-        point = chosen.sum(axis=0)  # (h, N)
+        point = chosen.sum(axis=0)  # (G, N)
         upper = up.sum(axis=0)
         upper += self._adjust
         np.maximum(upper, point, out=upper)
@@ -559,9 +608,9 @@ class ScalerForecaster(RowState):
         if h > self.horizon:
             raise ValueError(f"h {h} beyond horizon {self.horizon}")
         return ForecastResult(
-            point=self._point[:h].T.copy(),
-            upper=self._upper[:h].T.copy(),
-            lower=self._lower[:h].T.copy(),
+            point=spread_steps(self._point, h, self._between).T.copy(),
+            upper=spread_steps(self._upper, h, self._between).T.copy(),
+            lower=spread_steps(self._lower, h, self._between).T.copy(),
             model=self.choice(),
         )
 
@@ -571,7 +620,10 @@ class ScalerForecaster(RowState):
         h = check_steps(h)
         if h > self.horizon:
             raise ValueError(f"h {h} beyond horizon {self.horizon}")
-        return self._point[:h].max(axis=0), self._upper[:h].max(axis=0)
+        return (
+            spread_steps(self._point, h, self._between).max(axis=0),
+            spread_steps(self._upper, h, self._between).max(axis=0),
+        )
 
     def fit(self, history: ArrayLike) -> Self:
         """Reset, then replay `history` (shape (N, T)) one column at a time: the warm start."""
