@@ -34,15 +34,14 @@ Calibration. Finally, per series and step, an additive correction to the combine
 own recent hit rate at q (adaptive conformal style): after each scored bound it moves by
 `calibration_rate` * (mean absolute error of the combined point) * (miss - (1 - q)).
 
-Steps. The forecaster learns at the steps of `step_grid(horizon, eval_step)`: every step up to 4,
-then 6, 8, 12, 16, 24, 32, ... (about 1.5x apart), the horizon and eval_step. Every statistic of a
-step depends on that step alone (its errors, its z, its calibration; the experts are scored at
-eval_step), so the numbers at a grid step are those of a forecaster that learns at every step, and
-the cost grows with the logarithm of the horizon instead of the horizon (a 300 s horizon in 10 s
-bins: 10 steps instead of 30). Between two grid steps the forecast (point and bounds) is linear
-between their values, which is where a horizon's errors already are: smooth in the step. `peaks`
-is the highest value at the grid steps up to h (and at h itself), which is the highest of that
-line.
+Steps. The forecaster learns at the steps of `step_grid(horizon, eval_step)`: 1, 2, 4, 8, 16, ...
+below the horizon, the horizon and eval_step. Every statistic of a step depends on that step alone
+(its errors, its z, its calibration; the experts are scored at eval_step), so the numbers at a
+grid step are those of a forecaster that learns at every step, and the cost grows with the
+logarithm of the horizon instead of the horizon (a 300 s horizon in 10 s bins: 6 steps instead of
+30; 120 s: 5 instead of 12). Between two grid steps the forecast (point and bounds) is linear
+between their values: a horizon's errors are smooth in the step, and the policy reads the highest
+value within the horizon (`peaks`, the highest of that line up to h), not each step.
 """
 
 from __future__ import annotations
@@ -116,12 +115,12 @@ def top_experts(loss: FloatArray, usable: BoolArray, top: int) -> tuple[IntArray
 
 
 def step_grid(horizon: int, eval_step: int) -> IntArray:
-    """The steps learnt (see the module docstring): 1-4, then 2^k and 1.5 x 2^k up to the
-    horizon, the horizon and eval_step; ascending."""
-    steps = {1, 2, 3, 4, horizon, eval_step}
-    power = 4
+    """The steps learnt (see the module docstring): the powers of two below the horizon, the
+    horizon and eval_step; ascending."""
+    steps = {horizon, eval_step}
+    power = 1
     while power < horizon:
-        steps.update((power + power // 2, 2 * power))
+        steps.add(power)
         power *= 2
     return np.array(sorted(k for k in steps if k <= horizon), dtype=np.int64)
 
