@@ -105,11 +105,12 @@ def service_time(signal: Signal, spec: CapacitySpec) -> float | None:
     return None
 
 
-def offered(signal: Signal, spec: CapacitySpec) -> float | None:
+def offered(signal: Signal, spec: CapacitySpec, steady_s: float | None = None) -> float | None:
     """Replicas the arrivals alone need, arrival_rate x S / targetConcurrency, with an S that
-    holds under load; None when either is unknown. Unlike the need it does not depend on the
-    fleet (a short fleet queues, then drains), so it is the series worth forecasting."""
-    s = loaded_service_time(signal, spec)
+    holds under load (`steady_s`, the policy's mean over minutes, else this signal's); None when
+    either is unknown. Unlike the need it does not depend on the fleet (a short fleet queues,
+    then drains), so it is the series worth forecasting."""
+    s = steady_s if steady_s is not None else loaded_service_time(signal, spec)
     if s is None or signal.arrival_rate is None:
         return None
     value = signal.arrival_rate * s / spec.target_concurrency

@@ -50,6 +50,12 @@ SCALE_DOWN_PERIOD_S = 60.0  # the period scaleDownMaxPercent applies to
 # queue jittering by a request or two reads as flat, short enough to catch a load step quickly.
 QUEUE_TREND_WINDOW_S = 30.0
 QUEUE_TREND_MIN_SPAN_S = 5.0
+# The offered load the forecaster learns is arrivals x the mean loaded S over this window (in
+# buckets of SERVICE_TIME_BUCKET_S): under continuous batching a request's S grows with the batch,
+# so S read tick by tick swings with the fleet (a short fleet batches more), and arrivals x that S
+# would teach the forecaster the fleet's own swings as demand.
+SERVICE_TIME_WINDOW_S = 600.0
+SERVICE_TIME_BUCKET_S = 60.0
 
 
 class Reason(StrEnum):
@@ -114,6 +120,8 @@ class PolicyState:
     # Distinct observations of the queue (observed at, waiting, ready pods) within
     # QUEUE_TREND_WINDOW_S, all at the newest ready count.
     queue_seen: tuple[tuple[float, float, int], ...] = ()
+    # The loaded S seen per bucket within SERVICE_TIME_WINDOW_S: (bucket, sum, ticks).
+    service_seen: tuple[tuple[int, float, int], ...] = ()
 
 
 def _within(t: float, start: float) -> bool:
@@ -157,7 +165,30 @@ def policy_memory_s(spec: WorkloadSpec) -> float:
         PANIC_HOLD_S,
         SCALE_DOWN_PERIOD_S,
         QUEUE_TREND_WINDOW_S,
+        SERVICE_TIME_WINDOW_S,
     )
+
+
+def observe_service_time(
+    seen: tuple[tuple[int, float, int], ...], s: float | None, at: float
+) -> tuple[tuple[int, float, int], ...]:
+    """Add this tick's loaded S (None: not known) to its bucket; keep the buckets within
+    SERVICE_TIME_WINDOW_S."""
+    bucket = math.floor((at + TICK_TOLERANCE_S) / SERVICE_TIME_BUCKET_S)
+    first = bucket - round(SERVICE_TIME_WINDOW_S / SERVICE_TIME_BUCKET_S) + 1
+    kept = [b for b in seen if b[0] >= first]
+    if s is not None and math.isfinite(s) and s > 0:
+        if kept and kept[-1][0] == bucket:
+            kept[-1] = (bucket, kept[-1][1] + s, kept[-1][2] + 1)
+        else:
+            kept.append((bucket, s, 1))
+    return tuple(kept)
+
+
+def steady_service_time(seen: tuple[tuple[int, float, int], ...]) -> float | None:
+    """The mean loaded S over the window's ticks, or None if none knew it."""
+    ticks = sum(b[2] for b in seen)
+    return sum(b[1] for b in seen) / ticks if ticks else None
 
 
 def observe_queue(
@@ -234,6 +265,9 @@ def decide(
 
     need = required.replicas
     now_replicas = max(0, math.ceil(need - EPSILON))
+    service_seen = observe_service_time(
+        state.service_seen, capacity.loaded_service_time(signal, spec.capacity), at
+    )
     # The window remembers the steady need (without a backlog's drain), so the replicas a
     # drain keeps busy go once the queue is gone, not a whole window later.
     lasting = max(0, math.ceil(required.steady - EPSILON))
@@ -336,7 +370,7 @@ def decide(
         faults=faults + signal.reasons,
         signal=signal,
         outlook=ahead,
-        offered=capacity.offered(signal, spec.capacity),
+        offered=capacity.offered(signal, spec.capacity, steady_service_time(service_seen)),
     )
     raised = last is None or target > last.replicas
     return decision, PolicyState(
@@ -350,4 +384,5 @@ def decide(
         panic_until=panic_until,
         panic_peak=max(state.panic_peak, target) if panic_until is not None else 0,
         queue_seen=seen,
+        service_seen=service_seen,
     )

@@ -664,3 +664,25 @@ def test_more_waiting_never_gives_fewer_replicas_with_replicas_on_their_way(
         assert decision is not None and 0 <= decision.replicas <= 100
         results.append(decision.replicas)
     assert results[0] <= results[1]
+
+
+def test_the_forecast_learns_arrivals_times_the_service_time_of_minutes_not_of_the_tick() -> None:
+    """Under continuous batching S grows with the batch: a fleet that shrinks and grows every
+    minute reads S of 10 s, then 30 s. arrivals x that S would swing 5 <-> 15 replicas of
+    "demand" with the fleet; the offered load uses the mean S over SERVICE_TIME_WINDOW_S."""
+    spec = make_spec(targetConcurrency=10)
+    state = PolicyState()
+    offered = []
+    for i in range(240):  # 20 minutes of 5 s ticks
+        at = T0 + 5.0 * i
+        s = 10.0 if (i // 12) % 2 == 0 else 30.0
+        signal = Signal(
+            at=at, source="test", waiting=0.0, running=5.0 * s, arrival_rate=5.0, service_time_s=s
+        )
+        decision, state = decide(spec, signal, state, at, STALE)
+        assert decision is not None
+        offered.append(decision.offered)
+        assert decision.need == pytest.approx(5.0 * s / 10)  # the need still reads S now
+    # Once the window is full: arrivals x the mean S (20 s) / 10, within a minute's swing.
+    assert min(offered[120:]) >= 9.0 and max(offered[120:]) <= 11.0
+    assert offered[0] == pytest.approx(5.0)  # the first tick knows only its own S
