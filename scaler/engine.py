@@ -43,7 +43,15 @@ from scaler import telemetry
 from scaler.config_watch import ConfigStore
 from scaler.forecast_bank import BankedForecast, ForecastBanks
 from scaler.outlook import NeedForecast, Outlook
-from scaler.policy import Decision, PolicyState, Reason, decide, hold, policy_memory_s
+from scaler.policy import (
+    TICK_TOLERANCE_S,
+    Decision,
+    PolicyState,
+    Reason,
+    decide,
+    hold,
+    policy_memory_s,
+)
 from scaler.sources import Source, SourceError, Sources
 from scaler.trigger import TriggerSpec
 from scaler.workload import ResolveError, WorkloadSpec, resolve
@@ -55,7 +63,8 @@ FORECAST_MEMORY_BINS = 120  # the forecaster's error memory (weights down to 1/1
 FORECAST_WARMUP_MAX_S = 6 * 3600.0
 SOURCE_FAILURE_LOG_EVERY_S = 60.0  # a persisting source failure is logged at most this often
 PHASE_SPREAD = 0.5  # phases cover [0, PHASE_SPREAD) of the interval (see the module docstring)
-REPLAY_TURN_EVERY = 8  # a warm start's replay gives the event loop a turn every this many points
+REPLAY_SLICE_S = 0.001  # a warm start's replay gives the event loop a turn after this much CPU
+WARM_START_CATCH_UPS = 3  # ticks passed during a warm start's replay are replayed, this often
 WorkloadKey = tuple[str, str, str]
 
 
@@ -165,12 +174,13 @@ class SourceFailures:
 class Turnstile:
     """Lets waiters through one per event-loop iteration, in arrival order.
 
-    Every workload ticks at the same wall-clock instants, so with a thousand workloads a thousand
-    loops wake in the same iteration and, evaluating back to back, would hold the event loop, and
-    every RPC with it, for the whole burst (hundreds of ms every interval: the p99 of
-    `scaler bench load`). A loop takes a turn before each evaluation: the burst is spread over as
-    many iterations and the loop polls for I/O, so answers RPCs, between any two. Nothing is held
-    after the turn: a source's network reads still overlap."""
+    Phases spread the workloads' ticks over the interval, but loops still wake together (a
+    timer late behind a pause, close phases, warm starts of workloads seen at once), and a
+    thousand loops evaluating back to back would hold the event loop, and every RPC with it, for
+    the whole burst (hundreds of ms: the p99 of `scaler bench load` on one shared grid). A loop
+    takes a turn before each evaluation, and a warm start's replay before each slice of it: a
+    burst is spread over as many iterations and the loop polls for I/O, so answers RPCs, between
+    any two. Nothing is held after the turn: a source's network reads still overlap."""
 
     def __init__(self) -> None:
         self._waiting: deque[asyncio.Future[None]] = deque()
@@ -216,7 +226,7 @@ class Workload:
         self._replaying = False
         self.last_tick: float | None = None
         self.first = asyncio.Event()  # the first evaluation has finished (with or without result)
-        self.updated = asyncio.Event()  # replaced after every publish; waiters wake on set()
+        self._updated: asyncio.Event | None = None  # see `updated`
         self.task: asyncio.Task[None] | None = None
         self.source_failures = SourceFailures()
         self.phase = phase_of((trigger.namespace, trigger.name, trigger.metric_name))
@@ -273,11 +283,20 @@ class Workload:
                 value = decision.demand
             self.forecast.observe(at, value)
 
+    @property
+    def updated(self) -> asyncio.Event:
+        """Set at the next publish; a new one after each. Made when first asked for (a watcher
+        asks), not at every publish: most workloads are never watched."""
+        if self._updated is None:
+            self._updated = asyncio.Event()
+        return self._updated
+
     def publish(self, decision: Decision | None, problem: NoDecisionError | None) -> None:
         self.decision, self.problem = decision, problem
         self.first.set()
-        event, self.updated = self.updated, asyncio.Event()
-        event.set()
+        event, self._updated = self._updated, None
+        if event is not None:
+            event.set()
 
 
 class Engine:
@@ -388,7 +407,8 @@ class Engine:
                         extra={"workload": key[0] + "/" + key[1]},
                     )
                     return
-                await self._turns.take()
+                if workload.last_tick is not None:  # the first follows the warm start's turn
+                    await self._turns.take()
                 await self._evaluate(workload, tick)
                 workload.last_tick = tick
         except asyncio.CancelledError:
@@ -454,13 +474,28 @@ class Engine:
         stale = self._store.current.server.stale_target_s
         state = workload.state
         with workload.replaying():
-            for index, signal in enumerate(history):
-                if index and index % REPLAY_TURN_EVERY == 0:  # a long replay must not hold the loop
-                    await self._turns.take()
-                decision, state = decide(
-                    spec, signal, state, signal.at, stale, outlook=workload.outlook(spec)
-                )
-                workload.learn(spec, signal.at, decision)
+            # A replay is tens of decisions (ms of CPU): it takes turns in slices, so it holds
+            # the event loop, and the RPCs waiting on it, for REPLAY_SLICE_S at a time.
+            slice_end = time.perf_counter() + REPLAY_SLICE_S
+            for _catch_up in range(WARM_START_CATCH_UPS + 1):
+                for signal in history:
+                    if time.perf_counter() >= slice_end:
+                        await self._turns.take()
+                        slice_end = time.perf_counter() + REPLAY_SLICE_S
+                    decision, state = decide(
+                        spec, signal, state, signal.at, stale, outlook=workload.outlook(spec)
+                    )
+                    workload.learn(spec, signal.at, decision)
+                # A tick that passed during the replay is replayed too, as a running replica
+                # evaluated it: the first live tick is then the one after it.
+                later = tick_at_or_before(self._clock(), interval, workload.phase)
+                if later <= end + TICK_TOLERANCE_S:
+                    break
+                try:
+                    history = await source.history(spec, end, later, fine_step)
+                except (SourceError, TimeoutError):
+                    break
+                end = later
         workload.state = state
 
     async def _evaluate(self, workload: Workload, at: float) -> None:
@@ -504,10 +539,13 @@ class Engine:
         )
         workload.learn(spec, at, decision)
         telemetry.EVALUATIONS.labels(outcome="decided" if decision else "none").inc()
-        missing = NoDecisionError(
-            Fault.UNAVAILABLE, f"{spec.workload}: signal incomplete: {', '.join(signal.reasons)}"
-        )
-        workload.publish(decision, None if decision else missing)
+        missing = None
+        if decision is None:
+            missing = NoDecisionError(
+                Fault.UNAVAILABLE,
+                f"{spec.workload}: signal incomplete: {', '.join(signal.reasons)}",
+            )
+        workload.publish(decision, missing)
         if decision is not None and (
             previous is None
             or (previous.replicas, previous.active, previous.reason)

@@ -4,14 +4,22 @@ like KEDA by a short run. Figures are printed, never asserted against a time bud
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
+import time
+from collections import Counter
 from itertools import pairwise
 
 import pytest
 
 from scaler.cli import main
-from scaler.engine import Turnstile
+from scaler.config import Config, ServerSettings
+from scaler.config_watch import ConfigStore
+from scaler.engine import PHASE_SPREAD, Engine, Turnstile, phase_of, tick_after, tick_at_or_before
+from scaler.server import GC_THRESHOLDS, tune_gc
+from scaler.trigger import parse_trigger
+from tests.conftest import synthetic
 
 SUMMARY_KEYS = {"p50_ms", "p99_ms", "calls_per_s", "errors", "server_cpu_s"}
 FAST = ["--polling-interval", "1", "--hpa-interval", "0.5", "--sample-interval", "1"]
@@ -119,3 +127,68 @@ async def test_turnstile_lets_one_waiter_through_per_loop_iteration() -> None:
     # each evaluation ran in an iteration of its own, interleaved with the other task's steps
     between = [order.index(n) for n in "abc"]
     assert all(later - earlier >= 2 for earlier, later in pairwise(between)), order
+
+
+def test_phases_are_stable_spread_and_below_the_spread() -> None:
+    """Each workload ticks at its own phase of the interval (scaler.engine.phase_of): the same in
+    every replica and restart (a stable hash, not Python's salted one), below PHASE_SPREAD, and
+    spread, so 1,000 workloads do not evaluate in one burst."""
+    keys = [(f"bench-{i % 10}", f"so-{i:05d}", f"synthetic-so-{i:05d}") for i in range(1000)]
+    phases = [phase_of(key) for key in keys]
+    assert phase_of(keys[0]) == phases[0]
+    assert all(0.0 <= p < PHASE_SPREAD for p in phases)
+    buckets = Counter(int(p / PHASE_SPREAD * 10) for p in phases)
+    assert len(buckets) == 10 and max(buckets.values()) < 150, buckets  # ~100 in each tenth
+
+
+def test_ticks_on_a_phased_grid() -> None:
+    interval, phase = 5.0, 0.3
+    now = 1_800_000_003.7
+    tick = tick_at_or_before(now, interval, phase)
+    assert tick <= now < tick + interval
+    assert (tick - phase * interval) / interval == pytest.approx(round((tick - 1.5) / 5.0))
+    following = tick_after(tick, interval, phase)
+    assert following == tick_at_or_before(tick + interval, interval, phase)
+    assert following - tick == pytest.approx(interval)
+    # the grid changed (a new interval): the next tick is the first one after the last
+    assert tick < tick_after(tick, 2.0, phase) <= tick + 2.0
+
+
+async def test_a_workload_ticks_at_its_phase_and_decides_at_once() -> None:
+    """The first decision comes at once, on the last tick of the workload's grid at or before
+    now; then one per interval on that grid."""
+    interval = 0.2
+    store = ConfigStore(Config(server=ServerSettings(evaluation_interval_s=interval)))
+    engine = Engine(store)
+    trigger = parse_trigger("team-a", "phased", synthetic(syntheticPattern="constant"))
+    start = time.time()
+    decision = await engine.decision(trigger)
+    assert time.time() - start < 1.0
+    phase = phase_of((trigger.namespace, trigger.name, trigger.metric_name))
+    assert start - interval < decision.at <= time.time()
+    ats = set()
+    for _ in range(100):
+        workload = engine.touch(trigger)
+        if workload.decision is not None:
+            ats.add(workload.decision.at)
+        if len(ats) >= 3:
+            break
+        await asyncio.sleep(0.02)
+    await engine.close()
+    assert len(ats) >= 3
+    for at in ats:
+        k = (at - phase * interval) / interval
+        assert k == pytest.approx(round(k), abs=1e-6), (at, phase)
+    ordered = sorted(ats)
+    assert all(b - a == pytest.approx(interval) for a, b in pairwise(ordered))
+
+
+def test_tune_gc_freezes_the_start_up_heap_and_sets_the_thresholds() -> None:
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
