@@ -165,15 +165,17 @@ def policy_memory_s(spec: WorkloadSpec) -> float:
         PANIC_HOLD_S,
         SCALE_DOWN_PERIOD_S,
         QUEUE_TREND_WINDOW_S,
-        SERVICE_TIME_WINDOW_S,
-    )
+    )  # not SERVICE_TIME_WINDOW_S: see observe_service_time
 
 
 def observe_service_time(
     seen: tuple[tuple[int, float, int], ...], s: float | None, at: float
 ) -> tuple[tuple[int, float, int], ...]:
     """Add this tick's loaded S (None: not known) to its bucket; keep the buckets within
-    SERVICE_TIME_WINDOW_S."""
+    SERVICE_TIME_WINDOW_S. It feeds only the offered load the forecaster learns, never the target
+    itself, so it is not in `policy_memory_s`: a warm start replays the rule's memory, and a
+    replica that started less than this window ago learns from a mean over fewer minutes (the
+    forecaster's own warm start is already approximate, `forecast` in the README)."""
     bucket = math.floor((at + TICK_TOLERANCE_S) / SERVICE_TIME_BUCKET_S)
     first = bucket - round(SERVICE_TIME_WINDOW_S / SERVICE_TIME_BUCKET_S) + 1
     kept = [b for b in seen if b[0] >= first]
