@@ -22,7 +22,8 @@ class FieldError(ValueError):
     """A rejected value: `path` names the key (e.g. `profiles.llama.maxReplicas`)."""
 
     def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
+        # An empty key (a YAML `"": x`) is shown quoted, so the message still names it.
+        super().__init__(f"{path or repr(path)}: {message}")
         self.path = path
         self.message = message
 

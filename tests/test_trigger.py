@@ -217,6 +217,12 @@ REJECTIONS = [
         id="unknown-key",
     ),
     pytest.param(
+        synthetic(**{"": "x"}),
+        "",
+        ["unknown key; accepted keys:"],
+        id="empty-key",
+    ),
+    pytest.param(
         synthetic(targetconcurrency="8"),
         "targetconcurrency",
         ["unknown key; did you mean 'targetConcurrency'?", "accepted keys:"],
@@ -389,7 +395,7 @@ def test_each_rule_rejects_naming_the_key_and_what_is_accepted(
     assert [p.path for p in error.problems] == [key], str(error)
     for fragment in fragments:
         assert fragment in error.problems[0].message, str(error)
-    assert str(error).startswith(f"{key}: ")
+    assert str(error).startswith(f"{key or repr(key)}: ")  # an empty key is shown quoted
 
 
 SYNTHETIC_VALID = {
