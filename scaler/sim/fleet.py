@@ -142,6 +142,7 @@ class Fleet:
         self.prompt_tokens = 0.0
         self.generated_tokens = 0.0
         self.kv_max: float | None = None
+        self.kv_mean: float | None = None
         self.serving_count = 0
         self._kv_by_pod = np.zeros(0)  # KV tokens per pod id after the last step
         self._prefill_by_pod = np.zeros(0)  # prompt tokens not yet prefilled, per pod id
@@ -272,6 +273,10 @@ class Fleet:
         kv = self._kv_refresh(serving)
         # Growth past the cache would make vLLM preempt (not modelled): usage reads at most 1.
         self.kv_max = min(1.0, float(kv.max() / self.svc.kv_capacity_tokens)) if kv.size else None
+        # What the scaler reads (the vLLM catalog's mean across pods), each pod capped at 1.
+        self.kv_mean = (
+            float(np.minimum(1.0, kv / self.svc.kv_capacity_tokens).mean()) if kv.size else None
+        )
         k = self.k
         self.h_waiting[k] = self.waiting
         self.h_running[k] = self.running
@@ -380,7 +385,7 @@ class Fleet:
             "waiting": float(self.h_waiting[k]),
             "running": float(self.h_running[k]),
             "ready_pods": float(self.serving_count),
-            "kv_cache_usage": self.kv_max,
+            "kv_cache_usage": self.kv_mean,
         }
         reasons: list[str] = []
         if k0 < 0:
@@ -425,6 +430,6 @@ class Fleet:
             ]
             cumulative.append((math.inf, float(ttft_counts.sum())))
             values["ttft_p99_s"] = histogram_quantile(0.99, cumulative)
-        if self.kv_max is None:
+        if self.kv_mean is None:
             reasons.append("kv_cache_usage: no pod answered recently")
         return Signal.from_values(at, "sim", values, 0.0, tuple(reasons))

@@ -20,10 +20,10 @@ Matcher = tuple[str, str, str]  # (label, op, value), op one of = != =~ !~
 
 @dataclass(frozen=True)
 class Gauge:
-    """Sum (or max) across pods of the first present name."""
+    """Sum (or max, or mean) across pods of the first present name."""
 
     names: tuple[str, ...]
-    agg: str = "sum"  # "sum" | "max"
+    agg: str = "sum"  # "sum" | "max" | "avg"
     scale: float = 1.0
     extra: tuple[Matcher, ...] = ()
 
@@ -205,9 +205,12 @@ CATALOGS: Mapping[str, Catalog] = {
             ),
             "queue_time_p99_s": Quantile(0.99, _vllm("vllm:request_queue_time_seconds")),
             "ttft_p99_s": Quantile(0.99, _vllm("vllm:time_to_first_token_seconds")),
-            # The hottest pod's KV cache: the first to preempt.
+            # The fleet's mean KV-cache usage: ready pods x the mean is the KV the fleet holds, in
+            # pods' worth (capacity's kv_cache term). The hottest pod's would make one long
+            # context on one pod read as the whole fleet's: ready x max grows with every replica
+            # added and never lets the term fall.
             "kv_cache_usage": Gauge(
-                _vllm("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), agg="max"
+                _vllm("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), agg="avg"
             ),
             "ready_pods": Count(_VLLM_WAITING),
             # Time a request holds a batch slot (RUNNING: prefill + decode), per request.

@@ -156,7 +156,12 @@ class _Eval:
         found = [v for values in per_pod for v in values]
         if not found:
             return None, f"no {name} series matches the model and labelSelector"
-        total = max(found) if gauge.agg == "max" else sum(found)
+        if gauge.agg == "max":
+            total = max(found)
+        elif gauge.agg == "avg":
+            total = sum(found) / len(found)
+        else:
+            total = sum(found)
         return total * gauge.scale, None
 
     def _increase(
