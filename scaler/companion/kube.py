@@ -66,6 +66,9 @@ from scaler.companion.model import (
 )
 from scaler.companion.packing import DELETION_COST_ANNOTATION, CostChange, PackPod
 from scaler.companion.patches import (
+    NODEPOOL_API_VERSION,
+    NODEPOOL_GROUP,
+    NODEPOOL_VERSION,
     PAUSE_IMAGE,
     nodepool_patch,
     placeholder_deployment,
@@ -75,8 +78,7 @@ from scaler.companion.plan import is_peak_budget
 
 log = logging.getLogger(__name__)
 
-NODEPOOL_GROUP, NODEPOOL_VERSION, NODEPOOL_PLURAL = "karpenter.sh", "v1", "nodepools"
-NODEPOOL_API_VERSION = f"{NODEPOOL_GROUP}/{NODEPOOL_VERSION}"
+NODEPOOL_PLURAL = "nodepools"
 KEDA_GROUP, KEDA_VERSION, SCALEDOBJECT_PLURAL = "keda.sh", "v1alpha1", "scaledobjects"
 MERGE_PATCH = "application/merge-patch+json"
 STRICT = "Strict"
