@@ -89,7 +89,11 @@ def _tolerant(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 class RejectUndecodable(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """INVALID_ARGUMENT for a request that does not parse. Without it gRPC answers UNKNOWN
     ("Unexpected DecodeError"), which reads as a server bug. Unary requests only: this server
-    has no client-streaming method."""
+    has no client-streaming method. Each method's wrapped handler is built once and reused: the
+    interceptor runs on every call (every KEDA poll and HPA query)."""
+
+    def __init__(self) -> None:
+        self._wrapped: dict[Any, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(
         self,
@@ -99,7 +103,13 @@ class RejectUndecodable(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler: Any = await continuation(handler_call_details)
         if handler is None or handler.request_streaming or handler.request_deserializer is None:
             return handler
-        method = handler_call_details.method
+        wrapped = self._wrapped.get(handler)
+        if wrapped is None:
+            wrapped = self._wrapped[handler] = self._wrap(handler, handler_call_details.method)
+        return wrapped
+
+    @staticmethod
+    def _wrap(handler: Any, method: str) -> grpc.RpcMethodHandler:
         behavior = handler.unary_unary or handler.unary_stream
 
         async def reject(request: object, context: grpc.aio.ServicerContext) -> None:
