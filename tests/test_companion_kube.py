@@ -40,6 +40,7 @@ from scaler.companion.packing import DELETION_COST_ANNOTATION
 from scaler.companion.patches import peak_budget, placeholder_name
 from scaler.companion.run import Companion, PassResult, RunSettings
 from tests.k8s_schema import merge_patch, validate_custom_resource, without_nulls
+from tests.servers.base import write_reply
 
 NODEPOOLS = "karpenter.sh/v1/nodepools"
 NODES = "v1/nodes"
@@ -416,11 +417,7 @@ class Scaler:
             def do_GET(self) -> None:
                 owner.calls += 1
                 body = json.dumps({"decisions": owner.decisions}).encode()
-                self.send_response(owner.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                write_reply(self, owner.status, body, "application/json")
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

@@ -22,7 +22,6 @@ gave an infinite signal. (tests/test_malformed_rpcs.py lists what the gRPC side 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.server
 import json
 import logging
@@ -57,6 +56,7 @@ from scaler.sources.prometheus import PrometheusSource
 from scaler.sources.scrape import ScrapeSource
 from scaler.trigger import TriggerError, parse_trigger
 from scaler.workload import ResolveError, WorkloadSpec, resolve
+from tests.servers.base import write_reply
 
 ROOT = Path(__file__).parent.parent
 SAMPLES = Path(__file__).parent / "data" / "metrics-samples"
@@ -839,12 +839,7 @@ class JsonServer:
                 path = urllib.parse.urlsplit(self.path).path
                 if path not in ("/api/v1/query", "/api/v1/query_range"):
                     body, status = b"not found", 404
-                with contextlib.suppress(OSError):
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                write_reply(self, status, body, "application/json")
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

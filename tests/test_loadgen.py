@@ -30,6 +30,7 @@ from scaler.bench.loadgen import (
     run_loadgen,
 )
 from scaler.cli import main
+from tests.servers.base import write_reply
 from tests.servers.ports import free_port
 from tests.servers.triton import TritonServer
 from tests.servers.vllm import VllmServer
@@ -80,12 +81,7 @@ class FakeEndpoint:
                 pass
 
             def _json(self, status: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                write_reply(self, status, json.dumps(payload).encode(), "application/json")
 
             def do_GET(self) -> None:
                 if self.path == "/v1/models":

@@ -4,7 +4,6 @@ Prometheus HTTP API on 127.0.0.1 that answers each rendered query as the test sa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.server
 import json
 import re
@@ -24,6 +23,7 @@ from scaler.sources.catalog import CATALOGS, SIGNAL_FIELDS, signal_exprs
 from scaler.sources.prometheus import PrometheusSource, matchers_for, render
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec, resolve
+from tests.servers.base import write_reply
 
 SELECTOR = 'service="llama",pod=~"llama-.*"'
 
@@ -224,12 +224,7 @@ class FakePrometheus:
                 reply = fake.answer(query) if url.path == "/api/v1/query" else Answer(404)
                 if reply.delay_s and fake._stopping.wait(reply.delay_s):
                     return
-                with contextlib.suppress(OSError):
-                    self.send_response(reply.status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(reply.body)))
-                    self.end_headers()
-                    self.wfile.write(reply.body)
+                write_reply(self, reply.status, reply.body, "application/json")
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

@@ -3,10 +3,12 @@ and a readable log tail."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -92,3 +94,16 @@ def wait_until_ready(
             break
         time.sleep(interval_s)
     raise NotReadyError(f"{name} not ready within {timeout_s:g} s ({last})")
+
+
+def write_reply(
+    handler: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str
+) -> None:
+    """Send one whole HTTP response from a test server's handler; a client that already hung up
+    (a timeout under test) is not an error."""
+    with contextlib.suppress(OSError):
+        handler.send_response(status)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)

@@ -42,7 +42,7 @@ from typing import Any, Self
 
 import pytest
 
-from tests.servers.base import StartStop, log_tail
+from tests.servers.base import StartStop, log_tail, write_reply
 from tests.servers.ports import free_port
 
 INSTALL_SCRIPT = "tests/servers/install_prometheus.sh"
@@ -474,15 +474,7 @@ class _MetricsHandler(http.server.BaseHTTPRequestHandler):
         self._send(endpoint.status, endpoint.body)
 
     def _send(self, status: int, body: str) -> None:
-        data = body.encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", MetricsEndpoint.CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the scraper gave up (timeout) first
+        write_reply(self, status, body.encode(), MetricsEndpoint.CONTENT_TYPE)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
