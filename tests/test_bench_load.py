@@ -53,6 +53,9 @@ def test_short_run_against_both_servers(capsys: pytest.CaptureFixture[str]) -> N
         assert figures["calls_per_s"] > 0
         assert figures["server_cpu_s"] > 0
         assert figures["p99_ms"] >= figures["p50_ms"] > 0
+        # Every object's first GetMetrics is counted once, whatever it waited for.
+        assert figures["first_calls"] == 50, figures
+        assert figures["first_p99_ms"] >= figures["first_p50_ms"] > 0
         assert figures["exit_code"] == 0  # each server stopped cleanly on SIGTERM
         assert not alive(figures["pid"]), f"{kind} server {figures['pid']} still running"
     assert result["ratio"]["p99"] is not None
