@@ -530,7 +530,7 @@ class Engine:
                 bug=bug,
                 held=decision.replicas if decision is not None else None,
             )
-            telemetry.EVALUATIONS.labels(outcome="held" if decision else "none").inc()
+            telemetry.evaluation_counter("held" if decision else "none").inc()
             workload.publish(decision, None if decision else problem)
             return
         workload.source_failures.succeeded(workload.trigger.workload, self._monotonic())
@@ -538,7 +538,7 @@ class Engine:
             spec, signal, workload.state, at, stale, outlook=workload.outlook(spec)
         )
         workload.learn(spec, at, decision)
-        telemetry.EVALUATIONS.labels(outcome="decided" if decision else "none").inc()
+        telemetry.evaluation_counter("decided" if decision else "none").inc()
         missing = None
         if decision is None:
             missing = NoDecisionError(

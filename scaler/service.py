@@ -183,9 +183,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         try:
             result = await answer()
         except RpcError as exc:
-            telemetry.RPCS.labels(method=method, code=exc.code.name).inc()
+            telemetry.rpc_counter(method, exc.code.name).inc()
             await context.abort(exc.code, exc.message)
-        telemetry.RPCS.labels(method=method, code="OK").inc()
+        telemetry.rpc_counter(method, "OK").inc()
         return result
 
     async def GetMetricSpec(  # noqa: N802 - gRPC method name
@@ -237,9 +237,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         try:
             trigger = self._trigger(request)
         except RpcError as exc:
-            telemetry.RPCS.labels(method=method, code=exc.code.name).inc()
+            telemetry.rpc_counter(method, exc.code.name).inc()
             await context.abort(exc.code, exc.message)
-        telemetry.RPCS.labels(method=method, code="OK").inc()
+        telemetry.rpc_counter(method, "OK").inc()
         return trigger
 
     async def StreamIsActive(  # noqa: N802

@@ -7,6 +7,7 @@ latest decisions at scrape time, so a workload that is dropped disappears from /
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,20 @@ RPCS = Counter(
 EVALUATIONS = Counter(
     PREFIX + "evaluations", "Per-workload evaluations by outcome (decided, held, none)", ["outcome"]
 )
+
+
+@functools.cache
+def rpc_counter(method: str, code: str) -> Counter:
+    """RPCS' child for one method and status, looked up once: `labels()` costs microseconds on
+    every RPC, and both label sets are closed (the service's methods, gRPC's status codes)."""
+    return RPCS.labels(method=method, code=code)
+
+
+@functools.cache
+def evaluation_counter(outcome: str) -> Counter:
+    """EVALUATIONS' child for one outcome (decided, held, none), looked up once."""
+    return EVALUATIONS.labels(outcome=outcome)
+
 
 OPEN_STREAMS = Gauge(PREFIX + "open_streams", "Streaming RPCs open now", ["method"])
 
