@@ -131,17 +131,33 @@ def _within(t: float, start: float) -> bool:
     return t > start + TICK_TOLERANCE_S
 
 
+def _expired(queue: tuple[tuple[float, int], ...], start: float) -> int:
+    """How many entries at the front fell out of the window (ticks only grow, so they lead)."""
+    first = 0
+    while first < len(queue) and not _within(queue[first][0], start):
+        first += 1
+    return first
+
+
 def _window_max(queue: tuple[tuple[float, int], ...], start: float) -> int:
-    return max((v for t, v in queue if _within(t, start)), default=0)
+    """The window's maximum: its first live entry, as the values of a monotone queue fall."""
+    first = _expired(queue, start)
+    return queue[first][1] if first < len(queue) else 0
 
 
 def _window_max_push(
     queue: tuple[tuple[float, int], ...], at: float, value: int, window_start: float
 ) -> tuple[tuple[float, int], ...]:
-    """Append (at, value) and drop what can no longer be the maximum: O(1) amortised, so a
-    replayed history of hundreds of ticks costs no more than live evaluation."""
-    kept = [p for p in queue if _within(p[0], window_start) and p[1] > value]
-    return (*kept, (at, value))
+    """Append (at, value) and drop what can no longer be the maximum: the expired entries at the
+    front and those not above `value` at the back. O(1) amortised (each entry is dropped once;
+    what stays is copied by a slice in C), so a replayed history of hundreds of ticks costs no
+    more than live evaluation, and a falling need (which keeps the whole window) costs as little
+    as a rising one."""
+    first = _expired(queue, window_start)
+    last = len(queue)
+    while last > first and queue[last - 1][1] <= value:
+        last -= 1
+    return (*queue[first:last], (at, value))
 
 
 def hold(state: PolicyState, at: float, stale_s: float, faults: tuple[str, ...]) -> Decision | None:
@@ -338,9 +354,13 @@ def decide(
         detail += f"; active within scaleToZeroIdleSeconds={spec.scale_to_zero_idle_s:g}"
     # 5. Scale down at most scaleDownMaxPercent of the replicas per SCALE_DOWN_PERIOD_S.
     # (after the floor of one, before the bounds, so an idle workload still goes to zero)
-    base = max(
-        (v for t, v in state.decided if _within(t, at - SCALE_DOWN_PERIOD_S)),
-        default=last.replicas if last is not None else 0,
+    first_live = _expired(state.decided, at - SCALE_DOWN_PERIOD_S)
+    base = (
+        state.decided[first_live][1]
+        if first_live < len(state.decided)
+        else last.replicas
+        if last is not None
+        else 0
     )
     if not idle and base:
         step_floor = math.ceil(base * (1.0 - spec.scale_down_max_percent / 100.0) - EPSILON)

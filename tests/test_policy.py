@@ -686,3 +686,33 @@ def test_the_forecast_learns_arrivals_times_the_service_time_of_minutes_not_of_t
     # Once the window is full: arrivals x the mean S (20 s) / 10, within a minute's swing.
     assert min(offered[120:]) >= 9.0 and max(offered[120:]) <= 11.0
     assert offered[0] == pytest.approx(5.0)  # the first tick knows only its own S
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=120),
+    window=st.sampled_from([5.0, 60.0, 300.0]),
+    step=st.sampled_from([1.0, 5.0, 7.5]),
+)
+def test_the_monotone_window_gives_the_maximum_of_every_tick_within_it(
+    values: list[int], window: float, step: float
+) -> None:
+    """The O(1) window (slices off the front and back) equals the definition: the highest value
+    of the ticks within the window, for rising, falling and jagged needs alike."""
+    from scaler.policy import _window_max, _window_max_push
+
+    start_at = 1.8e9 + 0.1
+    queue: tuple[tuple[float, int], ...] = ()
+    for i, value in enumerate(values):
+        at = start_at + i * step
+        queue = _window_max_push(queue, at, value, at - window)
+        within = [
+            v for j, v in enumerate(values[: i + 1]) if start_at + j * step > at - window + 1e-3
+        ]
+        assert _window_max(queue, at - window) == max(within)
+        # What the next tick reads (one step on) is the maximum of what is still inside then.
+        later = at + step
+        inside = [
+            v for j, v in enumerate(values[: i + 1]) if start_at + j * step > later - window + 1e-3
+        ]
+        assert _window_max(queue, later - window) == max(inside, default=0)
