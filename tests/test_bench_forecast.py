@@ -239,3 +239,32 @@ def test_parsers() -> None:
     assert parse_horizons(["30,60", "120"]) == [30.0, 60.0, 120.0]
     with pytest.raises(ValueError, match="not a number"):
         parse_horizons(["soon"])
+
+
+def test_coverage_interval_is_exact_when_nothing_varies_and_wider_when_misses_come_in_runs() -> None:
+    assert forecast.coverage_interval(np.ones(120, dtype=bool), 3) == (1.0, 1.0)
+    # 10% misses, evenly spread vs in runs of 12 (a level shift missed by a 3-window forecast
+    # for a few windows in a row): the same share, but runs are far less sure of it.
+    spread = np.ones(240, dtype=bool)
+    spread[::10] = False
+    runs = np.ones(240, dtype=bool)
+    for start in range(0, 240, 120):
+        runs[start : start + 12] = False
+    assert spread.mean() == runs.mean() == 0.9
+    low_s, high_s = forecast.coverage_interval(spread, 1)
+    low_r, high_r = forecast.coverage_interval(runs, 3)
+    assert low_s <= 0.9 <= high_s and low_r <= 0.9 <= high_r
+    assert high_r - low_r > 2 * (high_s - low_s)
+    assert forecast.coverage_interval(runs, 3) == (low_r, high_r)  # seeded: the same every run
+
+
+def test_the_scaler_rows_carry_a_coverage_interval_in_the_text_only() -> None:
+    rng = np.random.default_rng(3)
+    y = 20 + 5 * np.sin(np.arange(400) / 30) + rng.normal(0, 1, 400)
+    result = evaluate(y, 10.0, models=["scaler", "naive"], horizons_s=[30.0])
+    scaler_row = next(r for r in result.rows if r.model == "scaler")
+    assert scaler_row.coverage_ci95 is not None
+    low, high = scaler_row.coverage_ci95
+    assert low <= scaler_row.coverage_q90 <= high
+    assert any("95% interval" in note and f"{low:.2f}" in note for note in result.notes)
+    assert "coverage_ci95" not in json.dumps(result.to_json())  # --json keeps the keys
