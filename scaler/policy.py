@@ -354,14 +354,8 @@ def decide(
         detail += f"; active within scaleToZeroIdleSeconds={spec.scale_to_zero_idle_s:g}"
     # 5. Scale down at most scaleDownMaxPercent of the replicas per SCALE_DOWN_PERIOD_S.
     # (after the floor of one, before the bounds, so an idle workload still goes to zero)
-    first_live = _expired(state.decided, at - SCALE_DOWN_PERIOD_S)
-    base = (
-        state.decided[first_live][1]
-        if first_live < len(state.decided)
-        else last.replicas
-        if last is not None
-        else 0
-    )
+    live = state.decided[_expired(state.decided, at - SCALE_DOWN_PERIOD_S) :]
+    base = live[0][1] if live else last.replicas if last is not None else 0
     if not idle and base:
         step_floor = math.ceil(base * (1.0 - spec.scale_down_max_percent / 100.0) - EPSILON)
         if target < step_floor:
