@@ -177,9 +177,11 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             raise RpcError(_FAULT_CODES[exc.fault], exc.message) from None
         return decision.replicas, decision.active
 
-    async def _unary(
+    async def _counted(
         self, method: str, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[T]]
     ) -> T:
+        """`answer()`, with its outcome counted in RPCS; an RpcError aborts the call with its
+        status."""
         try:
             result = await answer()
         except RpcError as exc:
@@ -196,7 +198,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             self._engine.touch(trigger)  # first sight starts the workload's loop
             return metric_spec(trigger)
 
-        return await self._unary("GetMetricSpec", context, answer)
+        return await self._counted("GetMetricSpec", context, answer)
 
     async def GetMetrics(  # noqa: N802
         self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext
@@ -220,7 +222,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 ]
             )
 
-        return await self._unary("GetMetrics", context, answer)
+        return await self._counted("GetMetrics", context, answer)
 
     async def IsActive(  # noqa: N802
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
@@ -229,18 +231,17 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             _, active = await self._decision(self._trigger(request))
             return pb.IsActiveResponse(result=active)
 
-        return await self._unary("IsActive", context, answer)
+        return await self._counted("IsActive", context, answer)
 
     async def _stream_trigger(
         self, method: str, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
     ) -> TriggerSpec:
-        try:
-            trigger = self._trigger(request)
-        except RpcError as exc:
-            telemetry.rpc_counter(method, exc.code.name).inc()
-            await context.abort(exc.code, exc.message)
-        telemetry.rpc_counter(method, "OK").inc()
-        return trigger
+        """A stream's trigger; the stream counts as answered once it is accepted."""
+
+        async def answer() -> TriggerSpec:
+            return self._trigger(request)
+
+        return await self._counted(method, context, answer)
 
     async def StreamIsActive(  # noqa: N802
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
