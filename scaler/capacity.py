@@ -85,6 +85,9 @@ class Need:
     # stabilization window remembers, so the replicas a drain keeps busy are not held for a
     # whole window after the queue is gone. Equal to `replicas` without a fleet.
     steady: float
+    # The S that holds under load (`loaded_service_time`) this need was computed with, if any:
+    # the policy's window of S (the forecaster's offered load) reads it from here.
+    loaded_s: float | None = None
 
     def describe(self) -> str:
         shown = ", ".join(f"{name}={value:.2f}" for name, value in self.terms.items())
@@ -227,11 +230,12 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
     terms: dict[str, float] = {}
     in_flight = signal.in_flight
     s = service_time(signal, spec)
-    queued = queue_term(signal, spec, fleet) if fleet is not None else None
+    loaded = loaded_service_time(signal, spec)
+    queued = queue_term(signal, spec, fleet, loaded) if fleet is not None else None
     steady_queue: float | None = None
     if queued is not None:
         terms["queue"], steady_queue = queued
-        s = loaded_service_time(signal, spec)
+        s = loaded
     elif in_flight is not None:
         terms["concurrency"] = in_flight / per_replica
         if fleet is not None and (signal.waiting or 0.0) >= 1.0:
@@ -280,7 +284,7 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
         return None
     term = max(terms, key=lambda name: terms[name])
     if steady_queue is None:
-        return Need(replicas=terms[term], term=term, terms=terms, steady=terms[term])
+        return Need(terms[term], term, terms, steady=terms[term], loaded_s=loaded)
     lasting = [v for name, v in terms.items() if name not in ("queue", "queue_slo")]
     steady = max([steady_queue, *lasting])
-    return Need(replicas=terms[term], term=term, terms=terms, steady=min(steady, terms[term]))
+    return Need(terms[term], term, terms, steady=min(steady, terms[term]), loaded_s=loaded)

@@ -56,6 +56,7 @@ QUEUE_TREND_MIN_SPAN_S = 5.0
 # would teach the forecaster the fleet's own swings as demand.
 SERVICE_TIME_WINDOW_S = 600.0
 SERVICE_TIME_BUCKET_S = 60.0
+SERVICE_TIME_BUCKETS = round(SERVICE_TIME_WINDOW_S / SERVICE_TIME_BUCKET_S)
 
 
 class Reason(StrEnum):
@@ -193,7 +194,7 @@ def observe_service_time(
     replica that started less than this window ago learns from a mean over fewer minutes (the
     forecaster's own warm start is already approximate, `forecast` in the README)."""
     bucket = math.floor((at + TICK_TOLERANCE_S) / SERVICE_TIME_BUCKET_S)
-    first = bucket - round(SERVICE_TIME_WINDOW_S / SERVICE_TIME_BUCKET_S) + 1
+    first = bucket - SERVICE_TIME_BUCKETS + 1
     kept = [b for b in seen if b[0] >= first]
     if s is not None and math.isfinite(s) and s > 0:
         if kept and kept[-1][0] == bucket:
@@ -283,9 +284,7 @@ def decide(
 
     need = required.replicas
     now_replicas = max(0, math.ceil(need - EPSILON))
-    service_seen = observe_service_time(
-        state.service_seen, capacity.loaded_service_time(signal, spec.capacity), at
-    )
+    service_seen = observe_service_time(state.service_seen, required.loaded_s, at)
     # The window remembers the steady need (without a backlog's drain), so the replicas a
     # drain keeps busy go once the queue is gone, not a whole window later.
     lasting = max(0, math.ceil(required.steady - EPSILON))

@@ -272,11 +272,10 @@ class Fleet:
         busy = self._serve(t, serving)
         kv = self._kv_refresh(serving)
         # Growth past the cache would make vLLM preempt (not modelled): usage reads at most 1.
-        self.kv_max = min(1.0, float(kv.max() / self.svc.kv_capacity_tokens)) if kv.size else None
-        # What the scaler reads (the vLLM catalog's mean across pods), each pod capped at 1.
-        self.kv_mean = (
-            float(np.minimum(1.0, kv / self.svc.kv_capacity_tokens).mean()) if kv.size else None
-        )
+        # The scaler reads the mean across pods (the vLLM catalog's), the stats the hottest pod.
+        usage = np.minimum(1.0, kv / self.svc.kv_capacity_tokens)
+        self.kv_max = float(usage.max()) if usage.size else None
+        self.kv_mean = float(usage.mean()) if usage.size else None
         k = self.k
         self.h_waiting[k] = self.waiting
         self.h_running[k] = self.running
