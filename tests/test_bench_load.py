@@ -16,7 +16,15 @@ import pytest
 from scaler.cli import main
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
-from scaler.engine import PHASE_SPREAD, Engine, Turnstile, phase_of, tick_after, tick_at_or_before
+from scaler.engine import (
+    PHASE_SLOTS,
+    PHASE_SPREAD,
+    Engine,
+    Turnstile,
+    phase_of,
+    tick_after,
+    tick_at_or_before,
+)
 from scaler.server import GC_THRESHOLDS, tune_gc
 from scaler.trigger import parse_trigger
 from tests.conftest import synthetic
@@ -135,13 +143,20 @@ async def test_turnstile_lets_one_waiter_through_per_loop_iteration() -> None:
 def test_phases_are_stable_spread_and_below_the_spread() -> None:
     """Each workload ticks at its own phase of the interval (scaler.engine.phase_of): the same in
     every replica and restart (a stable hash, not Python's salted one), below PHASE_SPREAD, and
-    spread, so 1,000 workloads do not evaluate in one burst."""
+    spread, so 1,000 workloads do not evaluate in one burst; but in PHASE_SLOTS instants only,
+    so the event loop wakes PHASE_SLOTS times per interval, not once per workload."""
     keys = [(f"bench-{i % 10}", f"so-{i:05d}", f"synthetic-so-{i:05d}") for i in range(1000)]
     phases = [phase_of(key) for key in keys]
     assert phase_of(keys[0]) == phases[0]
     assert all(0.0 <= p < PHASE_SPREAD for p in phases)
     buckets = Counter(int(p / PHASE_SPREAD * 10) for p in phases)
     assert len(buckets) == 10 and max(buckets.values()) < 150, buckets  # ~100 in each tenth
+    slots = Counter(phases)
+    assert len(slots) == PHASE_SLOTS and max(slots.values()) < 2 * 1000 / PHASE_SLOTS, slots
+    assert all(
+        p * PHASE_SLOTS / PHASE_SPREAD == pytest.approx(round(p * PHASE_SLOTS / PHASE_SPREAD))
+        for p in slots
+    )
 
 
 def test_ticks_on_a_phased_grid() -> None:
