@@ -698,6 +698,13 @@ def parser() -> argparse.ArgumentParser:
     ld.add_argument("--config", metavar="FILE", help="tuning YAML for the scaler server")
     ld.add_argument("--profile", metavar="FILE", help="cProfile the scaler server into FILE")
     ld.add_argument("--seed", type=int, default=0, help="schedule seed (default 0)")
+    ld.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="runs of each server, alternated and pooled (default 1): machine noise averages",
+    )
     ld.add_argument("--json", action="store_true", help="one JSON object")
     ld.set_defaults(run=_bench_load)
     return top

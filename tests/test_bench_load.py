@@ -70,6 +70,27 @@ def test_short_run_against_both_servers(capsys: pytest.CaptureFixture[str]) -> N
     print(json.dumps({k: result[k] for k in ("scaler", "floor", "ratio")}))
 
 
+def test_rounds_pool_the_calls_of_alternated_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """--rounds 2 runs each server twice, in the order scaler, floor, floor, scaler: the pooled
+    figures hold both runs' calls (each object's first call once per run, since every run is a
+    fresh server), and each round's own ratio is kept."""
+    args = ["bench", "load", "--objects", "20", "--duration", "4", *FAST, "--rounds", "2"]
+    code = main([*args, "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["rounds"] == 2
+    for kind in ("scaler", "floor"):
+        figures = result[kind]
+        assert figures["first_calls"] == 40, figures  # 20 objects x 2 fresh servers
+        assert figures["errors"] == 0 and figures["exit_code"] == 0
+        assert not alive(figures["pid"])
+    assert result["duration_s"] >= 8  # two runs of 4 s pooled
+    by_round = result["ratio"]["by_round"]
+    assert len(by_round) == 2 and all(r["steady_p99"] is not None for r in by_round), by_round
+    assert main(["bench", "load", "--soak", "--rounds", "2", "--duration", "1"]) == 2
+    assert "--rounds" in capsys.readouterr().err
+
+
 def test_soak_prints_rss_and_fds(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(
         ["bench", "load", "--soak", "--objects", "30", "--duration", "20", "--warmup", "5", *FAST]
