@@ -241,7 +241,7 @@ def test_parsers() -> None:
         parse_horizons(["soon"])
 
 
-def test_coverage_interval_is_exact_when_nothing_varies_and_wider_when_misses_come_in_runs() -> None:
+def test_coverage_interval_exact_when_nothing_varies_and_wider_when_misses_come_in_runs() -> None:
     assert forecast.coverage_interval(np.ones(120, dtype=bool), 3) == (1.0, 1.0)
     # 10% misses, evenly spread vs in runs of 12 (a level shift missed by a 3-window forecast
     # for a few windows in a row): the same share, but runs are far less sure of it.

@@ -244,11 +244,14 @@ async def vllm_load(
     stop: asyncio.Event | None = None,
     model: str = MODEL_NAME,
     prompt: str = PROMPT,
+    failures: list[str] | None = None,
 ) -> tuple[int, int]:
     """Closed-loop /v1/completions load: `concurrency` clients, each sends its next request when
     the last one answers. Ends at `duration_s`, after `max_requests` requests, or when `stop` is
     set, whichever is first; requests still in flight then are cancelled (vLLM aborts them) and
-    not counted. Returns (ok, errors). `ignore_eos` keeps every answer `max_tokens` long.
+    not counted. Returns (ok, errors); `failures`, if given, gets what each error was (the
+    exception, or the status and the start of the body). `ignore_eos` keeps every answer
+    `max_tokens` long.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + duration_s
@@ -270,14 +273,18 @@ async def vllm_load(
                 issued += 1
                 try:
                     response = await client.post("/v1/completions", json=body)
-                except httpx.HTTPError:
+                except httpx.HTTPError as exc:
                     errors += 1
+                    if failures is not None:
+                        failures.append(f"{type(exc).__name__}: {exc}")
                     await asyncio.sleep(0.05)  # a refused connection must not spin
                     continue
                 if response.status_code == 200:
                     ok += 1
                 else:
                     errors += 1
+                    if failures is not None:
+                        failures.append(f"HTTP {response.status_code}: {response.text[:200]}")
 
         clients = [asyncio.create_task(client_loop()) for _ in range(concurrency)]
         stopped = asyncio.create_task(stop.wait())
