@@ -35,6 +35,13 @@ async def scrape(client: httpx.AsyncClient, metrics_url: str) -> dict[str, float
     return values
 
 
+def start_load(url: str, stop: asyncio.Event, failures: list[str]) -> asyncio.Task[tuple[int, int]]:
+    """16 closed-loop clients of 64-token completions for at most 90 s, until `stop`."""
+    return asyncio.create_task(
+        vllm_load(url, concurrency=16, max_tokens=64, duration_s=90, stop=stop, failures=failures)
+    )
+
+
 def assert_served(ok: int, errors: int, failures: list[str]) -> None:
     """The server answered the load: at most 1 in 20 requests failed (one transport error in a
     run of ~40 was seen once on CI, cause not shown then; every failure is listed now)."""
@@ -47,16 +54,7 @@ def assert_served(ok: int, errors: int, failures: list[str]) -> None:
 async def test_waiting_queue_builds_under_concurrent_load(vllm_server: VllmServer) -> None:
     failures: list[str] = []
     stop = asyncio.Event()
-    load = asyncio.create_task(
-        vllm_load(
-            vllm_server.url,
-            concurrency=16,
-            max_tokens=64,
-            duration_s=90,
-            stop=stop,
-            failures=failures,
-        )
-    )
+    load = start_load(vllm_server.url, stop, failures)
     seen: list[tuple[float, float]] = []
     try:
         async with httpx.AsyncClient(timeout=5.0) as client:
@@ -87,16 +85,7 @@ async def test_kv_cache_fills_with_few_blocks() -> None:
     failures: list[str] = []
     try:
         stop = asyncio.Event()
-        load = asyncio.create_task(
-            vllm_load(
-                server.url,
-                concurrency=16,
-                max_tokens=64,
-                duration_s=90,
-                stop=stop,
-                failures=failures,
-            )
-        )
+        load = start_load(server.url, stop, failures)
         usage: list[float] = []
         preemptions = 0.0
         try:
