@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -234,6 +235,15 @@ class VllmServer(StartStop):
         return self.proc is not None and self.proc.poll() is None
 
 
+@dataclass
+class LoadTally:
+    """What a load has had answered so far; a test reads it while the load runs."""
+
+    ok: int = 0
+    errors: int = 0
+    failures: list[str] = field(default_factory=list)  # what each error was
+
+
 async def vllm_load(
     url: str,
     concurrency: int = 16,
@@ -244,14 +254,14 @@ async def vllm_load(
     stop: asyncio.Event | None = None,
     model: str = MODEL_NAME,
     prompt: str = PROMPT,
-    failures: list[str] | None = None,
+    tally: LoadTally | None = None,
 ) -> tuple[int, int]:
     """Closed-loop /v1/completions load: `concurrency` clients, each sends its next request when
     the last one answers. Ends at `duration_s`, after `max_requests` requests, or when `stop` is
     set, whichever is first; requests still in flight then are cancelled (vLLM aborts them) and
-    not counted. Returns (ok, errors); `failures`, if given, gets what each error was (the
-    exception, or the status and the start of the body). `ignore_eos` keeps every answer
-    `max_tokens` long.
+    not counted. Returns (ok, errors); `tally`, if given, counts them as they come and records
+    what each error was (the exception, or the status and the start of the body). `ignore_eos`
+    keeps every answer `max_tokens` long.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + duration_s
@@ -263,28 +273,27 @@ async def vllm_load(
         "temperature": 0.0,
         "ignore_eos": True,
     }
-    ok = errors = issued = 0
+    tally = tally if tally is not None else LoadTally()
+    issued = 0
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=duration_s + 5.0, limits=limits) as client:
 
         async def client_loop() -> None:
-            nonlocal ok, errors, issued
+            nonlocal issued
             while issued < max_requests and loop.time() < deadline and not stop.is_set():
                 issued += 1
                 try:
                     response = await client.post("/v1/completions", json=body)
                 except httpx.HTTPError as exc:
-                    errors += 1
-                    if failures is not None:
-                        failures.append(f"{type(exc).__name__}: {exc}")
+                    tally.errors += 1
+                    tally.failures.append(f"{type(exc).__name__}: {exc}")
                     await asyncio.sleep(0.05)  # a refused connection must not spin
                     continue
                 if response.status_code == 200:
-                    ok += 1
+                    tally.ok += 1
                 else:
-                    errors += 1
-                    if failures is not None:
-                        failures.append(f"HTTP {response.status_code}: {response.text[:200]}")
+                    tally.errors += 1
+                    tally.failures.append(f"HTTP {response.status_code}: {response.text[:200]}")
 
         clients = [asyncio.create_task(client_loop()) for _ in range(concurrency)]
         stopped = asyncio.create_task(stop.wait())
@@ -302,7 +311,7 @@ async def vllm_load(
     for result in outcome:
         if isinstance(result, Exception):  # a bug in the load loop, not a server error
             raise result
-    return ok, errors
+    return tally.ok, tally.errors
 
 
 @pytest.fixture(scope="session")
