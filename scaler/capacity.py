@@ -184,10 +184,12 @@ def arrivals_seen(
 
 
 def queue_term(
-    signal: Signal, spec: CapacitySpec, fleet: Fleet, s: float | None = None
+    signal: Signal, spec: CapacitySpec, fleet: Fleet, s: float | None
 ) -> tuple[float, float] | None:
-    """The `queue` term and its steady part (the flow), or None when it cannot be computed
-    (no ready-pod count, no horizon, no S that holds under load, no arrivals or queue known).
+    """The `queue` term and its steady part (the flow) at service time `s`, or None when it
+    cannot be computed (no ready-pod count, no horizon, no `s`, no arrivals or queue known).
+    `need` passes the S that holds under load (`loaded_service_time`), or Little's law's S while
+    less than a request waits.
 
     The backlog a replica asked now would meet (`backlog_ahead`) is split: with nothing on its
     way, the part waiting today that the fleet will not clear drains within D (the queue-time
@@ -198,7 +200,6 @@ def queue_term(
     draining, and a queue seen not to shrink does not (`arrivals_seen`). Busy replicas are kept
     while a queue drains (`running`), and the replicas on their way while the queue they will
     meet is not empty."""
-    s = loaded_service_time(signal, spec) if s is None else s
     arrivals, waiting = signal.arrival_rate, signal.waiting
     if fleet.ready is None or fleet.horizon_s <= 0 or not s or arrivals is None or waiting is None:
         return None

@@ -511,6 +511,21 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b > 0 and math.isfinite(a) and math.isfinite(b) else None
 
 
+RATIO_KEYS = {
+    "p50": "p50_ms",
+    "p99": "p99_ms",
+    "steady_p50": "steady_p50_ms",
+    "steady_p99": "steady_p99_ms",
+    "first_p99": "first_p99_ms",
+    "server_cpu": "server_cpu_s",
+}
+
+
+def _ratios(scaler: dict[str, Any], floor: dict[str, Any]) -> dict[str, float | None]:
+    """The scaler's figure over the floor's, for each summary key of RATIO_KEYS."""
+    return {name: _ratio(scaler[key], floor[key]) for name, key in RATIO_KEYS.items()}
+
+
 async def run_load(options: LoadOptions, stop: asyncio.Event | None = None) -> dict[str, Any]:
     if options.objects < 1 or options.duration_s <= 0:
         raise ValueError("--objects and --duration must be above 0")
@@ -532,13 +547,8 @@ async def run_load(options: LoadOptions, stop: asyncio.Event | None = None) -> d
                 if stop is not None and stop.is_set():
                     break
             if "scaler" in this and "floor" in this:
-                s, f = this["scaler"].summary(), this["floor"].summary()
-                by_round.append(
-                    {
-                        "p99": _ratio(s["p99_ms"], f["p99_ms"]),
-                        "steady_p99": _ratio(s["steady_p99_ms"], f["steady_p99_ms"]),
-                    }
-                )
+                ratios = _ratios(this["scaler"].summary(), this["floor"].summary())
+                by_round.append({key: ratios[key] for key in ("p99", "steady_p99")})
             for name, run in this.items():
                 if name in runs:
                     runs[name].absorb(run)
@@ -556,16 +566,7 @@ async def run_load(options: LoadOptions, stop: asyncio.Event | None = None) -> d
         "floor": runs["floor"].summary() if "floor" in runs else None,
     }
     if result["scaler"] and result["floor"]:
-        s, f = result["scaler"], result["floor"]
-        result["ratio"] = {
-            "p50": _ratio(s["p50_ms"], f["p50_ms"]),
-            "p99": _ratio(s["p99_ms"], f["p99_ms"]),
-            "steady_p50": _ratio(s["steady_p50_ms"], f["steady_p50_ms"]),
-            "steady_p99": _ratio(s["steady_p99_ms"], f["steady_p99_ms"]),
-            "first_p99": _ratio(s["first_p99_ms"], f["first_p99_ms"]),
-            "server_cpu": _ratio(s["server_cpu_s"], f["server_cpu_s"]),
-            "by_round": by_round,
-        }
+        result["ratio"] = {**_ratios(result["scaler"], result["floor"]), "by_round": by_round}
     if options.soak and "scaler" in runs:
         result["soak"] = soak_summary(runs["scaler"], options.warmup_s)
     return result
