@@ -92,6 +92,8 @@ async def test_triton_killed_mid_load_holds_the_target_and_recovers_on_restart(
         assert raised.active
 
         pid = triton.pid
+        held_before = await scaler_metrics(server.metrics_port, "queue_scaler_evaluations_total")
+        killed_wall = time.time()
         await asyncio.to_thread(triton.kill)  # SIGKILL to our own process group, mid-load
         killed_at = time.monotonic()
         assert triton.proc is not None and triton.proc.returncode is not None, pid
@@ -121,11 +123,18 @@ async def test_triton_killed_mid_load_holds_the_target_and_recovers_on_restart(
         active = await scaler_metrics(server.metrics_port, "queue_scaler_active")
         assert active[labels] == 1.0
         held_total = await scaler_metrics(server.metrics_port, "queue_scaler_evaluations_total")
-        assert held_total[(("outcome", "held"),)] >= 5
+        held_ticks = held_total[(("outcome", "held"),)]
+        assert held_ticks - held_before.get((("outcome", "held"),), 0.0) >= 5
 
         formatter = JsonFormatter()
         lines = [json.loads(formatter.format(r)) for r in caplog.records]
-        failed = [line for line in lines if line.get("event") == "source_failed"]
+        # Only the outage's records: a scrape slowed past its timeout before the kill, on a
+        # loaded machine, logs a failure and recovery of its own.
+        failed = [
+            line
+            for line, record in zip(lines, caplog.records, strict=True)
+            if line.get("event") == "source_failed" and record.created >= killed_wall
+        ]
         assert len(failed) == 1, failed  # once when it starts, not on every tick
         assert failed[0]["level"] == "warning" and failed[0]["workload"] == "team-a/toy"
         assert failed[0]["held"] == good
@@ -146,7 +155,8 @@ async def test_triton_killed_mid_load_holds_the_target_and_recovers_on_restart(
         assert back_at is not None, "Triton's metrics never came back"
         recovered = await wait_decision(server, "toy", lambda d: d.reason.value != "hold", 5)
         print(f"triton back: decided {recovered.at - back_at:+.2f}s after its metrics answered")
-        assert recovered.at - back_at <= 1.0  # within one evaluation (0.2 s) plus a slow tick
+        # Within an evaluation (0.2 s) or a few on a loaded machine: far within KEDA's poll.
+        assert recovered.at - back_at <= 2.0
         assert recovered.signal is not None and recovered.signal.ready_pods == 1
         assert recovered.replicas >= 1 and recovered.active
         await asyncio.wait_for(restart, 90)

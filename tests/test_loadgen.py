@@ -7,6 +7,7 @@ the servers' own metrics, that the requests arrived.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -232,8 +233,9 @@ async def test_open_loop_sends_at_the_traces_times_not_after_answers(
     t = report.tally
     assert (t.requests, t.sent, t.completed, t.shed, t.error_count) == (10, 10, 10, 0, 0)
     seen = np.array(fake.arrivals) - fake.arrivals[0]
-    assert np.allclose(seen, times, atol=0.06), seen
-    assert max(t.send_lags_s) < 0.05
+    # Within 0.15 s on a busy machine; a closed loop would lag ~0.4 s per request.
+    assert np.allclose(seen, times, atol=0.15), seen
+    assert max(t.send_lags_s) < 0.15
     assert all(0.35 < ttft <= lat for ttft, lat in zip(t.ttfts_s, t.latencies_s, strict=True))
     assert min(t.latencies_s) >= 0.4 + 3 * 0.02 - 0.01  # 4 chunks streamed
     assert report.model == "fake-model"  # asked /v1/models
@@ -347,6 +349,21 @@ def family_totals(text: str, name: str, **labels: str) -> float:
     return total
 
 
+async def metrics_once_counted(
+    http: httpx.AsyncClient, url: str, name: str, at_least: float, **labels: str
+) -> str:
+    """The server's /metrics once counter `name` reaches `at_least` (at most 5 s): a server
+    can answer a request before it counts it, so a read right after the last answer may miss
+    it. The caller still asserts the exact count, so over-counting fails."""
+    text = (await http.get(url)).text
+    for _ in range(50):
+        if family_totals(text, name, **labels) >= at_least:
+            break
+        await asyncio.sleep(0.1)
+        text = (await http.get(url)).text
+    return text
+
+
 @pytest.mark.real_servers
 @pytest.mark.slow
 @pytest.mark.timeout(420)
@@ -356,7 +373,10 @@ async def test_real_vllm_serves_the_replayed_trace(vllm_server: VllmServer, tmp_
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as http:
         before = (await http.get(vllm_server.metrics_url)).text
         report = await replay(trace, vllm_server.url, timeout_s=40.0, drain_s=40.0)
-        after = (await http.get(vllm_server.metrics_url)).text
+        success = "vllm:request_success"
+        after = await metrics_once_counted(
+            http, vllm_server.metrics_url, success, family_totals(before, success) + 16
+        )
     print("\n" + report.table())
     t = report.tally
     assert report.model == vllm_server.model
@@ -382,11 +402,15 @@ async def test_real_triton_serves_the_replayed_trace(
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as http:
         before = (await http.get(triton_server.metrics_url)).text
         report = await replay(trace, triton_server.http_url, api="triton", model="toy")
-        after = (await http.get(triton_server.metrics_url)).text
+        counted = family_totals(before, "nv_inference_request_success", model="toy") + 20
+        after = await metrics_once_counted(
+            http, triton_server.metrics_url, "nv_inference_request_success", counted, model="toy"
+        )
     print("\n" + report.table())
     t = report.tally
     assert t.completed == t.sent == 20 and t.error_count == 0, report.table()
-    assert t.ttfts_s == t.latencies_s and min(t.latencies_s) >= 0.04  # ~50 ms per batch
+    # Each request waits at least one batch of the toy model.
+    assert t.ttfts_s == t.latencies_s and min(t.latencies_s) >= 0.8 * triton_server.batch_sleep_s
     success = "nv_inference_request_success"
     grew = family_totals(after, success, model="toy") - family_totals(before, success, model="toy")
     assert grew == 20

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 async def test_signal_drains_closes_streams_and_exits_zero(sig):
-    server = ServeProcess("--metrics-address", "off", "--drain-seconds", "1.0")
+    server = ServeProcess("--metrics-address", "off", "--drain-seconds", "3.0")
     client = KedaLikeClient(f"127.0.0.1:{server.port}")
     health = health_pb2_grpc.HealthStub(client.channel)
     try:

@@ -68,7 +68,7 @@ async def test_triton_queue_by_direct_scrape_raises_the_target_within_a_second(
             while queue_seen_at is None and time.monotonic() < deadline:
                 if await pending(http, triton_server.metrics_url) >= 8:
                     queue_seen_at = time.monotonic()
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.1)
         assert queue_seen_at is not None, "Triton never queued under 32 clients"
         decision = await wait_decision(
             server, "toy", lambda d: d.signal is not None and (d.signal.waiting or 0) >= 1, 5
@@ -79,15 +79,15 @@ async def test_triton_queue_by_direct_scrape_raises_the_target_within_a_second(
         assert decision.signal is not None and decision.signal.source == "scrape"
         raised = await client.evaluate(so)
         assert raised.value > before.value and raised.value >= 2
-        # Rates follow from the counters: the toy model serves ~100 req/s, and the rate window
+        # Rates follow from the counters: the toy model serves ~40 req/s, and the rate window
         # (60 s) fills with loaded scrapes, so the measured rate climbs past 10 req/s.
         decision = await wait_decision(
             server, "toy", lambda d: d.signal is not None and (d.signal.arrival_rate or 0) > 10, 15
         )
         # The mean queue time is queue-microseconds over completed requests in the window. The
         # first completions of a load can have queued for next to nothing (CI once saw 90 us),
-        # so wait for the backlog's completions: under 32 clients and batches of 8 x 50 ms, a
-        # request queues ~150 ms. A scaler that never computed the ratio fails here.
+        # so wait for the backlog's completions: under 32 clients and batches of 8 x 0.2 s, a
+        # request queues ~0.6 s. A scaler that never computed the ratio fails here.
         try:
             decision = await wait_decision(
                 server,
@@ -257,13 +257,20 @@ async def test_prometheus_outage_holds_the_target_and_recovers(
             },
         )
         assert (await client.evaluate(so)).value == 5.0
+        killed_at = time.time()
         await asyncio.to_thread(prom.kill)
         held = await wait_decision(server, "m", lambda d: d.reason.value == "hold", 10)
         assert held.replicas == 5 and held.active
         assert any("prometheus" in fault.lower() for fault in held.faults)
         evaluation = await client.evaluate(so)
         assert (evaluation.value, evaluation.active) == (5.0, True)  # never lowered, still active
-        failed = [r for r in caplog.records if getattr(r, "event", None) == "source_failed"]
+        # (A read slowed past its 0.5 s timeout before the kill, on a loaded machine, would log
+        # its own failure and recovery: only the outage's records count.)
+        failed = [
+            r
+            for r in caplog.records
+            if getattr(r, "event", None) == "source_failed" and r.created >= killed_at
+        ]
         assert len(failed) == 1 and failed[0].levelname == "WARNING"  # logged once, when it began
         assert getattr(failed[0], "held", None) == 5
         pod.body = body.format(80)
@@ -277,7 +284,9 @@ async def test_prometheus_outage_holds_the_target_and_recovers(
         )
         back_at = time.monotonic()
         await wait_decision(server, "m", lambda d: d.replicas == 10 and d.reason.value != "hold", 5)
-        assert time.monotonic() - back_at <= 1.0  # within one evaluation once data is back
+        # Within an evaluation (0.2 s) or two plus one query timeout (0.5 s) of the data being
+        # back: far within KEDA's polling interval (30 s by default).
+        assert time.monotonic() - back_at <= 2.0
         assert "source_recovered" in [getattr(r, "event", None) for r in caplog.records]
 
 
@@ -378,14 +387,18 @@ async def test_vllm_queue_by_both_sources_raises_the_target(
     await asyncio.to_thread(prom.wait_for_series, "vllm:num_requests_waiting", 30)
     server, client = await start_server(FAST)
     common = {"backend": "vllm", "model": MODEL_NAME, "targetConcurrency": "4", "maxReplicas": "20"}
-    direct = ref("direct", {**common, "scrapeTargets": vllm_server.metrics_target})
+    # vLLM saturates both cores under this load: a scrape may take over the default 1 s.
+    direct = ref(
+        "direct",
+        {**common, "scrapeTargets": vllm_server.metrics_target, "scrapeTimeoutSeconds": "3"},
+    )
     through_prom = ref("prom", {**common, "serverAddress": prom.url, "queryIntervalSeconds": "0"})
     before = [(await client.evaluate(so)).value for so in (direct, through_prom)]
     assert before == [1.0, 1.0]  # idle but not yet idle for the whole window: one replica
     stop = asyncio.Event()
     load = asyncio.create_task(vllm_load(vllm_server.url, concurrency=16, duration_s=90, stop=stop))
     try:
-        async with httpx.AsyncClient(timeout=2, trust_env=False) as http:
+        async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
             queue_seen_at = None
             deadline = time.monotonic() + 60
             while queue_seen_at is None and time.monotonic() < deadline:
@@ -398,14 +411,15 @@ async def test_vllm_queue_by_both_sources_raises_the_target(
                 )
                 if waiting >= 8:
                     queue_seen_at = time.monotonic()
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.25)  # parsing vLLM's /metrics is not free on this loop
         assert queue_seen_at is not None, "vLLM never queued under 16 clients"
         decision = await wait_decision(
             server, "direct", lambda d: d.signal is not None and (d.signal.waiting or 0) >= 1, 5
         )
-        # Within a second or so: vLLM saturates both cores here and starves the test's own
-        # loop (seen at 2.3 s once); the strict one-second bound is asserted on Triton above.
-        assert time.monotonic() - queue_seen_at <= 3.0
+        # Within seconds: vLLM saturates both cores here and starves the test's own loop (seen
+        # at 2.3 s once); the strict one-second bound is asserted on Triton above, and the rate
+        # window (60 s) is far longer.
+        assert time.monotonic() - queue_seen_at <= 5.0
         assert decision.signal.source == "scrape"
         query = "sum(vllm:num_requests_waiting)"
         await asyncio.to_thread(

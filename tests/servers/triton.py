@@ -81,8 +81,11 @@ class TritonServer(StartStop):
     one inference succeeded (the ready endpoint can answer slightly before the model serves).
     """
 
-    def __init__(self, *, start_timeout_s: float = START_TIMEOUT_S) -> None:
+    def __init__(
+        self, *, start_timeout_s: float = START_TIMEOUT_S, batch_sleep_s: float = 0.05
+    ) -> None:
         self.start_timeout_s = start_timeout_s
+        self.batch_sleep_s = batch_sleep_s  # the toy model's time per batch of up to 8
         self.http_port = 0
         self.grpc_port = 0
         self.metrics_port = 0
@@ -163,6 +166,7 @@ class TritonServer(StartStop):
                     f"--http-port={self.http_port}",
                     f"--grpc-port={self.grpc_port}",
                     f"--metrics-port={self.metrics_port}",
+                    f"--batch-sleep-s={self.batch_sleep_s}",
                 ],
                 cwd=REPO_ROOT,
                 env=env,
@@ -312,18 +316,26 @@ async def triton_load(
                     result.ok += 1
                 else:
                     result.errors += 1
+                    await asyncio.sleep(0.05)  # a model not yet served must not spin either
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     result.seconds = time.monotonic() - started
     return result
 
 
+SESSION_BATCH_SLEEP_S = 0.2
+
+
 @pytest.fixture(scope="session")
 def triton_server() -> Iterator[TritonServer]:
-    """One real Triton (toy model) for the whole test session; fails, never skips, if missing."""
+    """One real Triton (toy model) for the whole test session; fails, never skips, if missing.
+
+    Batches of 8 take 0.2 s (40 req/s): the queue tests need a queue that a slow, GIL-sharing
+    in-process client still builds (at 50 ms, 160 req/s, a loaded CI runner kept only ~5
+    waiting under 32 clients)."""
     if not TRITON_PYTHON.exists():
         pytest.fail(triton_venv_missing_message(), pytrace=False)
-    server = TritonServer()
+    server = TritonServer(batch_sleep_s=SESSION_BATCH_SLEEP_S)
     try:
         server.start()
     except TritonStartError as err:
