@@ -364,7 +364,13 @@ def _companion_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     cp.add_argument("--kubeconfig", help="default: in-cluster config, else ~/.kube/config")
     cp.add_argument("--decisions-timeout", type=float, default=5.0, metavar="S")
-    cp.add_argument("--placeholder-gpus", type=int, default=c.placeholder_gpus)
+    cp.add_argument(
+        "--placeholder-gpus",
+        type=int,
+        default=c.placeholder_gpus,
+        help="GPUs per placeholder pod (default %(default)s); existing placeholders of another "
+        "size are resized",
+    )
     cp.add_argument("--max-placeholders", type=int, default=c.max_placeholders)
     cp.add_argument("--peak-rise-fraction", type=float, default=c.peak_rise_fraction)
     cp.add_argument("--peak-hold", type=float, default=c.peak_hold_s, metavar="S")

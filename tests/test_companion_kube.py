@@ -566,6 +566,36 @@ async def test_pre_warm_on_a_forecast_ramp(cluster: Cluster, scaler: Scaler, clo
     assert all("/nodepools/cpu" not in str(r.url) for r in cluster.writes())
 
 
+async def test_placeholders_of_another_size_are_resized(
+    cluster: Cluster, scaler: Scaler, clock: Clock
+) -> None:
+    """--placeholder-gpus changed from 1 to 2 since the placeholders were made: the plan counts
+    pods of 2 GPUs, so the Deployment's pods are made 2 GPUs each (one merge patch of the
+    template and the count), not kept at 1 GPU and left holding half the forecast."""
+    cluster.add_placeholders(3)  # 1 GPU each
+    config = CompanionConfig(peak_hold_s=600.0, placeholder_gpus=2)
+    companion = make_companion(cluster, scaler, clock, config=config)
+    scaler.decide(clock.now, 0, forecast=6)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    deployment = cluster.api.get(DEPLOYMENTS, COMPANION_NS, PLACEHOLDER)
+    assert deployment["spec"]["replicas"] == 3  # 6 GPUs / 2 per pod
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"] == {"nvidia.com/gpu": "2"}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert [w.kind for w in result.writes if w.kind.startswith("placeholder")] == [
+        "placeholder_resize"
+    ]
+    events = [r.data["message"] for r in cluster.writes() if r.resource.plural == "events"]
+    assert any("placeholders 3 x 1 GPU -> 3 x 2 GPU" in m for m in events), events
+    # The next pass sees the new size: nothing more to write for the placeholders.
+    clock.now += 15
+    scaler.decide(clock.now, 0, forecast=6)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    assert not [w for w in result.writes if w.kind.startswith("placeholder")]
+
+
 async def test_scale_to_zero_on_idle(cluster: Cluster, scaler: Scaler, clock: Clock) -> None:
     """All quiet: the placeholders go to 0 first, then the peak budget comes off."""
     cluster.add_budget()

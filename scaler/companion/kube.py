@@ -164,7 +164,9 @@ class ClusterView:
 class Write:
     """One write the companion sent (or, in dry-run, would send)."""
 
-    kind: str  # "nodepool_patch" | "placeholder_create" | "placeholder_scale" | "pod_deletion_cost"
+    # "nodepool_patch" | "placeholder_create" | "placeholder_scale" | "placeholder_resize" |
+    # "pod_deletion_cost"
+    kind: str
     # e.g. "karpenter.sh/v1 NodePool gpu-a", "apps/v1 Deployment ns/name", "v1 Pod ns/name"
     target: str
     body: dict[str, Any]
@@ -936,21 +938,24 @@ class Kube:
     ) -> Write | None:
         s = self.settings
         wanted, current = plan.placeholders, pool.placeholders
-        if wanted == (current or 0):
+        # The plan counts placeholders of config.placeholder_gpus each: pods of another size
+        # (the flag changed since they were made) would hold the wrong number of GPUs.
+        resize = current is not None and pool.placeholder_gpus != config.placeholder_gpus
+        if wanted == (current or 0) and not resize:
             return None
         change = f"placeholders {current or 0} -> {wanted}"
         timeout = s.request_timeout_s
         name = view.placeholder_names.get(pool.name)
+        body = placeholder_deployment(
+            pool.name,
+            wanted,
+            config.placeholder_gpus,
+            s.namespace,
+            s.priority_class,
+            s.placeholder_image,
+            s.taint_key,
+        )
         if current is None or name is None:
-            body = placeholder_deployment(
-                pool.name,
-                wanted,
-                config.placeholder_gpus,
-                s.namespace,
-                s.priority_class,
-                s.placeholder_image,
-                s.taint_key,
-            )
             name = str(_dict(body.get("metadata")).get("name"))
             write = Write(
                 "placeholder_create",
@@ -984,13 +989,17 @@ class Kube:
             return write
 
         scale = placeholder_scale_patch(wanted)
-        write = Write(
-            "placeholder_scale",
-            f"apps/v1 Deployment {s.namespace}/{name}",
-            scale,
-            pool.name,
-            change,
-        )
+        kind = "placeholder_scale"
+        if resize:
+            # The whole pod template (a merge patch replaces its lists); strategy Recreate
+            # swaps the pods without surge pods buying extra nodes.
+            kind = "placeholder_resize"
+            change = (
+                f"placeholders {current} x {pool.placeholder_gpus} GPU"
+                f" -> {wanted} x {config.placeholder_gpus} GPU"
+            )
+            scale = {"spec": {**scale["spec"], "template": _dict(body["spec"]).get("template")}}
+        write = Write(kind, f"apps/v1 Deployment {s.namespace}/{name}", scale, pool.name, change)
         if s.dry_run:
             return self._print(write)
 
@@ -998,7 +1007,7 @@ class Kube:
             self._guard()
             self._patch_deployment(name, scale)
 
-        self._call(f"scaling placeholder Deployment {s.namespace}/{name}", patch)
+        self._call(f"patching placeholder Deployment {s.namespace}/{name} ({change})", patch)
         return write
 
     def pack_sync(self, changes: Sequence[CostChange]) -> list[Write]:
