@@ -19,26 +19,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-import zlib
 from collections.abc import Callable
 
-from scaler.engine import PHASE_SLOTS, PHASE_SPREAD, Turnstile, phase_of, tick_after
-from scaler.engine import tick_at_or_before as tick_at
+from scaler.engine import PHASE_SLOTS, PHASE_SPREAD, Turnstile, key_fraction, next_tick, phase_of
 
 Key = tuple[str, str, str]
 
 
 def distinct_phase(key: Key) -> float:
     """A continuous phase from the same hash: one wake-up instant per workload."""
-    return PHASE_SPREAD * zlib.crc32("\x00".join(key).encode()) / 2**32
+    return PHASE_SPREAD * key_fraction(key)
 
 
 async def _ticks(phase: float, interval: float, turns: Turnstile, count: list[int]) -> None:
     last: float | None = None
     while True:
-        tick = tick_at(time.time(), interval, phase)
-        if last is not None and tick <= last:
-            tick = tick_after(last, interval, phase)
+        now = time.time()
+        tick = next_tick(now, last, interval, phase)
+        if tick > now:
             await asyncio.sleep(max(0.0, tick - time.time()))
         await turns.take()
         count[0] += 1

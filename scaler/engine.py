@@ -71,6 +71,11 @@ WARM_START_CATCH_UPS = 3  # ticks passed during a warm start's replay are replay
 WorkloadKey = tuple[str, str, str]
 
 
+def key_fraction(key: WorkloadKey) -> float:
+    """A stable hash of the key (crc32, not Python's salted hash) as a fraction in [0, 1)."""
+    return zlib.crc32("\x00".join(key).encode("utf-8", "surrogatepass")) / 2**32
+
+
 def phase_of(key: WorkloadKey) -> float:
     """The workload's phase as a fraction of the interval, in [0, PHASE_SPREAD): from a stable
     hash of its key, so every replica and every restart puts its ticks at the same instants.
@@ -81,8 +86,7 @@ def phase_of(key: WorkloadKey) -> float:
     ~190 us of CPU per tick on the loop's machinery; in 50 slots, ~57 us: `bench/loop_wakeups.py`).
     Workloads sharing a slot wake together and then take turns (`Turnstile`), one evaluation per
     loop iteration, so RPCs still interleave between any two of them."""
-    digest = zlib.crc32("\x00".join(key).encode("utf-8", "surrogatepass"))
-    return PHASE_SPREAD * (digest * PHASE_SLOTS // 2**32) / PHASE_SLOTS
+    return PHASE_SPREAD * math.floor(key_fraction(key) * PHASE_SLOTS) / PHASE_SLOTS
 
 
 def tick_at_or_before(now: float, interval: float, phase: float) -> float:
@@ -98,6 +102,15 @@ def tick_after(last: float, interval: float, phase: float) -> float:
     while k * interval + offset <= last:  # rounding put `last` just below its own grid point
         k += 1
     return k * interval + offset
+
+
+def next_tick(now: float, last: float | None, interval: float, phase: float) -> float:
+    """The tick to evaluate next: the latest of the grid at or before `now` (a loop that stalled
+    past ticks skips them), or, if that one is done already (`last`), the one after it."""
+    tick = tick_at_or_before(now, interval, phase)
+    if last is not None and tick <= last:
+        tick = tick_after(last, interval, phase)
+    return tick
 
 
 def _segment(end: float, span: float, interval: float) -> tuple[float, float]:
@@ -407,9 +420,9 @@ class Engine:
             while not self._stopped:
                 server = self._store.current.server
                 interval = server.evaluation_interval_s
-                tick = tick_at_or_before(self._clock(), interval, workload.phase)
-                if workload.last_tick is not None and tick <= workload.last_tick:
-                    tick = tick_after(workload.last_tick, interval, workload.phase)
+                now = self._clock()
+                tick = next_tick(now, workload.last_tick, interval, workload.phase)
+                if tick > now:
                     await asyncio.sleep(max(0.0, tick - self._clock()))
                 if self._monotonic() - workload.last_asked > server.workload_idle_timeout_s:
                     log.info(

@@ -28,7 +28,8 @@ from scaler.sources import SourceError
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec
 from tests.conftest import latest, ref, synthetic, wait_decision
-from tests.servers.triton import TRITON_PYTHON, LoadResult, TritonServer, triton_load
+from tests.servers.base import LoadTally
+from tests.servers.triton import TRITON_PYTHON, TritonServer, triton_load
 
 FAST = Config(server=ServerSettings(evaluation_interval_s=0.2, first_decision_timeout_s=15.0))
 TRITON = {"backend": "triton", "model": "toy", "targetConcurrency": "4", "maxReplicas": "50"}
@@ -69,8 +70,8 @@ async def test_triton_killed_mid_load_holds_the_target_and_recovers_on_restart(
     triton = TritonServer()
     await asyncio.to_thread(triton.start)
     stop = asyncio.Event()
-    load: asyncio.Task[LoadResult] | None = None
-    result = LoadResult()
+    load: asyncio.Task[LoadTally] | None = None
+    result = LoadTally()
     try:
         server, client = await start_server(FAST, metrics_address="127.0.0.1:0")
         so = ref("toy", {**TRITON, "scrapeTargets": triton.metrics_target})

@@ -75,7 +75,10 @@ async def test_pending_rises_under_load_and_drains(triton_server: TritonServer) 
         during = await scrape(client, url)
         assert max_pending >= 16, f"max pending {max_pending}; samples {seen[-20:]}"
         # Served: a transport error in hundreds of requests on a loaded runner is not a fault.
-        assert result.ok > 0 and result.errors <= max(1, result.ok // 100), result
+        assert result.ok > 0 and result.errors <= max(1, result.ok // 100), (
+            result,
+            result.failures[:5],
+        )
         assert during[SUCCESS] > before[SUCCESS], (before, during)
 
         # After the load stops, the queue drains to zero.

@@ -13,7 +13,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers.vllm import LoadTally, VllmServer, vllm_load
+from tests.servers.base import LoadTally
+from tests.servers.vllm import VllmServer, vllm_load
 
 pytestmark = [pytest.mark.real_servers, pytest.mark.slow]
 

@@ -3,18 +3,55 @@ and a readable log tail."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, ClassVar, Self
+
+import httpx
 
 # A readiness probe: None once it passes, else why not (shown if the wait runs out).
 Probe = Callable[[], str | None]
+
+
+ERROR_PAUSE_S = 0.05  # a client's pause after a failed request: a down server is not spun on
+
+
+@dataclass
+class LoadTally:
+    """What a closed-loop test load has had answered so far (a test may read it while the load
+    runs), and what each failure was (the first FAILURES_KEPT): the exception, or the status and
+    the start of the body."""
+
+    FAILURES_KEPT: ClassVar[int] = 100
+
+    ok: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list, repr=False)
+
+    async def count(self, send: Callable[[], Awaitable[httpx.Response]]) -> None:
+        """Send one request and count its answer; after a failure, pause ERROR_PAUSE_S."""
+        try:
+            response = await send()
+        except httpx.HTTPError as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+        else:
+            if response.status_code == 200:
+                self.ok += 1
+                return
+            failure = f"HTTP {response.status_code}: {response.text[:200]}"
+        self.errors += 1
+        if len(self.failures) < self.FAILURES_KEPT:
+            self.failures.append(failure)
+        await asyncio.sleep(ERROR_PAUSE_S)
 
 
 class StartStop:

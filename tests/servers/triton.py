@@ -20,14 +20,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.servers.base import NotReadyError, StartStop, wait_until_ready
+from tests.servers.base import LoadTally, NotReadyError, StartStop, wait_until_ready
 from tests.servers.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -265,17 +264,6 @@ def _distinct_free_ports(n: int) -> tuple[int, ...]:
     raise RuntimeError("could not find distinct free ports")
 
 
-@dataclass
-class LoadResult:
-    ok: int = 0
-    errors: int = 0
-    seconds: float = 0.0
-
-    @property
-    def total(self) -> int:
-        return self.ok + self.errors
-
-
 async def triton_load(
     http_url: str,
     concurrency: int = 32,
@@ -284,12 +272,12 @@ async def triton_load(
     *,
     stop: asyncio.Event | None = None,
     request_timeout_s: float = 10.0,
-) -> LoadResult:
+) -> LoadTally:
     """Closed-loop load: `concurrency` clients each send one inference at a time to the toy model.
 
     Ends at the first of: duration_s elapsed, max_requests sent, `stop` set.
     """
-    result = LoadResult()
+    result = LoadTally()
     sent = 0
     started = time.monotonic()
     deadline = started + duration_s
@@ -306,17 +294,7 @@ async def triton_load(
                 if stop is not None and stop.is_set():
                     return
                 sent += 1
-                try:
-                    resp = await client.post(f"/v2/models/{MODEL}/infer", json=body)
-                except httpx.HTTPError:
-                    result.errors += 1
-                    await asyncio.sleep(0.05)
-                    continue
-                if resp.status_code == 200:
-                    result.ok += 1
-                else:
-                    result.errors += 1
-                    await asyncio.sleep(0.05)  # a model not yet served must not spin either
+                await result.count(lambda: client.post(f"/v2/models/{MODEL}/infer", json=body))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     result.seconds = time.monotonic() - started
@@ -350,7 +328,7 @@ __all__ = [
     "INSTALL_SCRIPT",
     "MODEL",
     "TRITON_PYTHON",
-    "LoadResult",
+    "LoadTally",
     "TritonServer",
     "TritonStartError",
     "infer_body",

@@ -21,13 +21,12 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.servers.base import NotReadyError, StartStop, log_tail, wait_until_ready
+from tests.servers.base import LoadTally, NotReadyError, StartStop, log_tail, wait_until_ready
 from tests.servers.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,15 +234,6 @@ class VllmServer(StartStop):
         return self.proc is not None and self.proc.poll() is None
 
 
-@dataclass
-class LoadTally:
-    """What a load has had answered so far; a test reads it while the load runs."""
-
-    ok: int = 0
-    errors: int = 0
-    failures: list[str] = field(default_factory=list)  # what each error was
-
-
 async def vllm_load(
     url: str,
     concurrency: int = 16,
@@ -259,9 +249,8 @@ async def vllm_load(
     """Closed-loop /v1/completions load: `concurrency` clients, each sends its next request when
     the last one answers. Ends at `duration_s`, after `max_requests` requests, or when `stop` is
     set, whichever is first; requests still in flight then are cancelled (vLLM aborts them) and
-    not counted. Returns (ok, errors); `tally`, if given, counts them as they come and records
-    what each error was (the exception, or the status and the start of the body). `ignore_eos`
-    keeps every answer `max_tokens` long.
+    not counted. Returns (ok, errors); `tally`, if given, counts them as they come
+    (`LoadTally`). `ignore_eos` keeps every answer `max_tokens` long.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + duration_s
@@ -282,18 +271,7 @@ async def vllm_load(
             nonlocal issued
             while issued < max_requests and loop.time() < deadline and not stop.is_set():
                 issued += 1
-                try:
-                    response = await client.post("/v1/completions", json=body)
-                except httpx.HTTPError as exc:
-                    tally.errors += 1
-                    tally.failures.append(f"{type(exc).__name__}: {exc}")
-                    await asyncio.sleep(0.05)  # a refused connection must not spin
-                    continue
-                if response.status_code == 200:
-                    tally.ok += 1
-                else:
-                    tally.errors += 1
-                    tally.failures.append(f"HTTP {response.status_code}: {response.text[:200]}")
+                await tally.count(lambda: client.post("/v1/completions", json=body))
 
         clients = [asyncio.create_task(client_loop()) for _ in range(concurrency)]
         stopped = asyncio.create_task(stop.wait())
