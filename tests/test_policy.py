@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scaler.config import Config
+from scaler.outlook import Outlook
 from scaler.policy import Decision, PolicyState, Reason, decide, hold
 from scaler.signals import Signal
 from scaler.trigger import parse_trigger
@@ -566,6 +567,23 @@ def test_panic_off_below_the_threshold() -> None:
     drive.tick(T0, 32.0)
     up = drive.tick(T0 + 5, 56.0)  # 7 vs 4 asked: below 2x
     assert up is not None and (up.replicas, up.reason) == (7, Reason.CURRENT_NEED)
+
+
+def test_panic_enters_when_need_outruns_the_forecast_interval() -> None:
+    """With forecasting, a need more than a replica above the q90 forecast is panic too, however
+    little it is against what was asked (the threshold is off here): the queue outran what the
+    model expected, so its forecast cannot be trusted to hold the target for the next minute."""
+    spec = make_spec(forecast="on", scaleDownStabilizationSeconds=0)
+    state = PolicyState()
+    q90 = Outlook(point_max=2.0, upper_max=3.0, model="test", horizon_s=210.0, made_at=T0)
+    calm, state = decide(spec, sig(T0, 24.0), state, T0, STALE, outlook=q90)
+    assert calm is not None and (calm.replicas, calm.reason) == (3, Reason.CURRENT_NEED)
+    surge, state = decide(spec, sig(T0 + 5, 48.0), state, T0 + 5, STALE, outlook=q90)
+    assert surge is not None and (surge.replicas, surge.reason) == (6, Reason.PANIC)
+    assert "panic (need 6.00 vs 3 asked, q90 3.00)" in surge.detail
+    # Demand back under the forecast at once: panic holds the peak, not the forecast's 3.
+    held, state = decide(spec, sig(T0 + 40, 16.0), state, T0 + 40, STALE, outlook=q90)
+    assert held is not None and (held.replicas, held.reason) == (6, Reason.PANIC)
 
 
 def test_scale_down_removes_at_most_the_step_per_minute() -> None:
