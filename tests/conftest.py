@@ -11,6 +11,7 @@ import pytest
 
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
+from scaler.engine import Workload
 from scaler.kedaclient import KedaLikeClient, scaled_object
 from scaler.policy import Decision
 from scaler.server import ScalerServer
@@ -91,3 +92,69 @@ async def wait_decision(
         await asyncio.sleep(0.02)
     faults = decision.faults if decision is not None else ()
     raise AssertionError(f"no decision matched within {timeout_s}s; last: {decision}; {faults}")
+
+
+class DecisionLog:
+    """Every decision the servers publish, in order: a spy on `Workload.publish`.
+
+    Latency claims ("the next evaluation after the queue shows sees it") are asserted on this
+    log, counted in ticks, rather than by timing the test's own polling: on a 2-core runner a
+    real vLLM or Triton starves the test's event loop for seconds, which says nothing about the
+    scaler, while the tick a decision came from does."""
+
+    def __init__(self) -> None:
+        self.decisions: list[Decision] = []
+
+    def after(self, name: str, wall: float, *, with_signal: bool = False) -> list[Decision]:
+        """Decisions for `name` from ticks at or after `wall` (epoch seconds): their reads
+        began after that moment. With `with_signal`, held ticks (a read that failed) are left
+        out."""
+        return [
+            d
+            for d in self.decisions
+            if d.workload.endswith("/" + name)
+            and d.at >= wall
+            and (d.signal is not None or not with_signal)
+        ]
+
+    async def wait_within(
+        self,
+        name: str,
+        wall: float,
+        predicate: Callable[[Decision], bool],
+        *,
+        ticks: int,
+        timeout_s: float,
+        with_signal: bool = False,
+    ) -> Decision:
+        """The first decision after `wall` that matches, which must be among the first `ticks`
+        after it (bounded by `timeout_s` of waiting for them)."""
+        deadline = time.monotonic() + timeout_s
+        seen: list[Decision] = []
+        while time.monotonic() < deadline:
+            seen = self.after(name, wall, with_signal=with_signal)[:ticks]
+            match = next((d for d in seen if predicate(d)), None)
+            if match is not None:
+                return match
+            if len(seen) == ticks:
+                break
+            await asyncio.sleep(0.02)
+        raise AssertionError(
+            f"none of the first {ticks} decisions for {name} after {wall} matched "
+            f"({len(seen)} came in {timeout_s}s): {seen}"
+        )
+
+
+@pytest.fixture
+def decision_log(monkeypatch: pytest.MonkeyPatch) -> DecisionLog:
+    """Record every published decision (the real publish still runs)."""
+    log = DecisionLog()
+    publish = Workload.publish
+
+    def spy(self: Workload, decision: Decision | None, problem: Any) -> None:
+        if decision is not None:
+            log.decisions.append(decision)
+        publish(self, decision, problem)
+
+    monkeypatch.setattr(Workload, "publish", spy)
+    return log

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from scaler.httpclient import async_client
 from tests.servers.triton import TritonServer, triton_load
 
 pytestmark = [pytest.mark.real_servers, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -41,7 +42,7 @@ async def scrape(client: httpx.AsyncClient, url: str) -> dict[str, float]:
 
 async def test_pending_rises_under_load_and_drains(triton_server: TritonServer) -> None:
     url = triton_server.metrics_url
-    async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+    async with async_client(timeout=5.0) as client:
         before = await scrape(client, url)
         assert PENDING in before and SUCCESS in before, sorted(before)
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from scaler.httpclient import async_client
 from tests.servers.base import LoadTally
 from tests.servers.vllm import VllmServer, vllm_load
 
@@ -61,7 +62,7 @@ async def test_waiting_queue_builds_under_concurrent_load(vllm_server: VllmServe
     load = start_load(vllm_server.url, stop, tally)
     seen: list[tuple[float, float]] = []
     try:
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        async with async_client(timeout=5.0) as client:
             for _ in range(240):  # at most ~60 s
                 metrics = await scrape(client, vllm_server.metrics_url)
                 seen.append((metrics.get(WAITING, -1.0), metrics.get(RUNNING, -1.0)))
@@ -92,7 +93,7 @@ async def test_kv_cache_fills_with_few_blocks() -> None:
         usage: list[float] = []
         preemptions = 0.0
         try:
-            async with httpx.AsyncClient(timeout=5.0) as client:
+            async with async_client(timeout=5.0) as client:
                 for _ in range(240):  # at most ~60 s
                     metrics = await scrape(client, server.metrics_url)
                     usage.append(metrics.get(KV_USAGE, -1.0))

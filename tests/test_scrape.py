@@ -3,6 +3,7 @@ partial signal with reasons; total failure raises so the engine holds the target
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scaler.config import Config
+from scaler.httpclient import KEEPALIVE_S
 from scaler.sources import SourceError
 from scaler.sources.scrape import ScrapeSource
 from scaler.trigger import parse_trigger
@@ -95,6 +97,70 @@ async def test_no_pod_answering_raises_for_fail_static():
             await source.close()
     assert "no pod answered" in str(info.value)
     assert "HTTP 503" in str(info.value)
+
+
+class KeepAliveRaceServer:
+    """HTTP/1.1 with keep-alive whose idle timer has just fired whenever a request arrives on a
+    connection idle for `idle_close_s` or more: it closes without answering, as uvicorn does when
+    a request and its keep-alive timeout cross."""
+
+    def __init__(self, body: str, idle_close_s: float) -> None:
+        self.body = body.encode()
+        self.idle_close_s = idle_close_s
+        self.connections = 0
+        self.dropped = 0
+        self.server: asyncio.Server | None = None
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        last = time.monotonic()
+        try:
+            for _ in range(100):  # bounded: a test sends a handful
+                head = await reader.readuntil(b"\r\n\r\n")
+                if not head:
+                    return
+                if time.monotonic() - last >= self.idle_close_s:
+                    self.dropped += 1
+                    return  # closed, no answer
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                    + f"Content-Length: {len(self.body)}\r\n\r\n".encode()
+                    + self.body
+                )
+                await writer.drain()
+                last = time.monotonic()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+async def test_a_connection_the_server_is_closing_is_not_reused():
+    """Reads 1.5 s apart against a server that drops requests on connections idle 1.2 s (its
+    keep-alive timer): each read gets an answer, because an idle connection is reused for at
+    most KEEPALIVE_S. With httpx's default (5 s) the second read failed: no pod answered."""
+    assert KEEPALIVE_S < 1.2
+    race = KeepAliveRaceServer(VLLM, idle_close_s=1.2)
+    async with race as target:
+        source = ScrapeSource()
+        try:
+            spec = spec_for([target], model="tiny-llama")
+            for at in (0.0, 1.5, 3.0):
+                signal = await source.read(spec, at)
+                assert signal.ready_pods == 1, signal.reasons
+                await asyncio.sleep(1.5)
+        finally:
+            await source.close()
+    assert race.dropped == 0
+    assert race.connections == 3  # a fresh connection each time, none reused past its expiry
 
 
 def test_scaler_signals_cli_prints_the_signal_as_json():

@@ -41,6 +41,7 @@ from typing import Any, Literal, TextIO
 import httpx
 import numpy as np
 
+from scaler.httpclient import async_client
 from scaler.sim.workload import Requests, build_requests
 from scaler.traces import TraceError, load_trace
 
@@ -600,13 +601,14 @@ async def run_loadgen(
     for name, value in (("--timeout", options.timeout_s), ("--drain", options.drain_s)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a non-negative number of seconds")
-    limits = httpx.Limits(
+    timeout = httpx.Timeout(options.timeout_s, pool=options.timeout_s)
+    # Idle connections are reused only briefly (scaler.httpclient): a trace's gaps outlast a
+    # server's keep-alive timer, and a request crossing it would count as the server's error.
+    async with async_client(
         max_connections=options.max_in_flight + 2,  # never wait on the pool: shed instead
         max_keepalive_connections=options.max_in_flight,
-    )
-    timeout = httpx.Timeout(options.timeout_s, pool=options.timeout_s)
-    async with httpx.AsyncClient(
-        base_url=options.endpoint.rstrip("/"), timeout=timeout, limits=limits, trust_env=False
+        base_url=options.endpoint.rstrip("/"),
+        timeout=timeout,
     ) as client:
         send, model, notes = await make_sender(client, options)
         tally, elapsed, window = await drive(

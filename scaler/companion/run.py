@@ -55,6 +55,7 @@ from scaler.companion.model import (
 )
 from scaler.companion.packing import pack
 from scaler.companion.plan import plan
+from scaler.httpclient import async_client
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ class Companion:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = CompanionMetrics(self.registry)
         self.state = CompanionState()
-        self._http = http if http is not None else httpx.AsyncClient(trust_env=False)
+        self._http = http if http is not None else async_client()
         self._own_http = http is None
         self._clock = clock
         self._planned: set[str] = set()

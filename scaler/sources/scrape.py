@@ -14,6 +14,7 @@ import time
 
 import httpx
 
+from scaler.httpclient import async_client
 from scaler.signals import Signal
 from scaler.sources import SourceError
 from scaler.sources.catalog import CATALOGS, signal_exprs
@@ -30,8 +31,8 @@ FORGET_AFTER_S = 900.0
 class ScrapeSource:
     def __init__(self, discovery: EndpointSliceDiscovery | None = None) -> None:
         self._discovery = discovery or EndpointSliceDiscovery()
-        # trust_env=False: pod IPs are never reached through an HTTP proxy from the environment.
-        self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False)
+        # No proxy, and idle connections reused only briefly: see scaler.httpclient.
+        self._client = async_client(follow_redirects=False)
         self._windows: dict[str, tuple[float, Window]] = {}
 
     async def targets(self, spec: WorkloadSpec) -> list[str]:

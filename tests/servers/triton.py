@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from scaler.httpclient import async_client
 from tests.servers.base import LoadTally, NotReadyError, StartStop, wait_until_ready
 from tests.servers.ports import free_port
 
@@ -282,10 +283,11 @@ async def triton_load(
     started = time.monotonic()
     deadline = started + duration_s
     body = infer_body(1.0)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-
-    async with httpx.AsyncClient(
-        base_url=http_url, timeout=request_timeout_s, limits=limits, trust_env=False
+    async with async_client(
+        max_connections=concurrency,
+        max_keepalive_connections=concurrency,
+        base_url=http_url,
+        timeout=request_timeout_s,
     ) as client:
 
         async def worker() -> None:

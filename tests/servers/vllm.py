@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from scaler.httpclient import async_client
 from tests.servers.base import LoadTally, NotReadyError, StartStop, log_tail, wait_until_ready
 from tests.servers.ports import free_port
 
@@ -264,8 +265,12 @@ async def vllm_load(
     }
     tally = tally if tally is not None else LoadTally()
     issued = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=duration_s + 5.0, limits=limits) as client:
+    async with async_client(
+        max_connections=concurrency,
+        max_keepalive_connections=concurrency,
+        base_url=url,
+        timeout=duration_s + 5.0,
+    ) as client:
 
         async def client_loop() -> None:
             nonlocal issued
