@@ -82,13 +82,17 @@ def latest(server: ScalerServer, name: str) -> Decision | None:
 async def wait_decision(
     server: ScalerServer, name: str, predicate: Callable[[Decision], bool], timeout_s: float
 ) -> Decision:
-    """Poll the server's decisions for `name` until one matches (bounded by `timeout_s`)."""
+    """Poll the server's decisions for `name` until one matches (bounded by `timeout_s`). The
+    last look is after the deadline: a loop starved past it still sees what is there."""
     deadline = time.monotonic() + timeout_s
     decision = None
-    while time.monotonic() < deadline:
+    while True:
+        past = time.monotonic() >= deadline
         decision = latest(server, name)
         if decision is not None and predicate(decision):
             return decision
+        if past:
+            break
         await asyncio.sleep(0.02)
     faults = decision.faults if decision is not None else ()
     raise AssertionError(f"no decision matched within {timeout_s}s; last: {decision}; {faults}")
@@ -130,13 +134,13 @@ class DecisionLog:
         """The first decision after `wall` that matches, which must be among the first `ticks`
         after it (bounded by `timeout_s` of waiting for them)."""
         deadline = time.monotonic() + timeout_s
-        seen: list[Decision] = []
-        while time.monotonic() < deadline:
+        while True:
+            past = time.monotonic() >= deadline
             seen = self.after(name, wall, with_signal=with_signal)[:ticks]
             match = next((d for d in seen if predicate(d)), None)
             if match is not None:
                 return match
-            if len(seen) == ticks:
+            if past or len(seen) == ticks:
                 break
             await asyncio.sleep(0.02)
         raise AssertionError(
