@@ -481,17 +481,22 @@ def make_companion(
     out: Callable[[str], None] = print,
     timeout_s: float = 2.0,
     config: CompanionConfig | None = None,
+    **flags: Any,
 ) -> Companion:
+    """A companion on the fake cluster; `flags` override KubeSettings (its command-line flags)."""
     settings = KubeSettings(
-        namespace=COMPANION_NS,
-        identity=identity,
-        lease_duration_s=30,
-        priority_class="placeholder",
-        request_timeout_s=timeout_s,
-        attempts=3,
-        backoff_s=0.01,
-        backoff_max_s=0.05,
-        dry_run=dry_run,
+        **{
+            "namespace": COMPANION_NS,
+            "identity": identity,
+            "lease_duration_s": 30,
+            "priority_class": "placeholder",
+            "request_timeout_s": timeout_s,
+            "attempts": 3,
+            "backoff_s": 0.01,
+            "backoff_max_s": 0.05,
+            "dry_run": dry_run,
+            **flags,
+        }
     )
     return Companion(
         Kube(cluster.client(identity), settings, out=out, clock=clock),
@@ -591,6 +596,38 @@ async def test_placeholders_of_another_size_are_resized(
     # The next pass sees the new size: nothing more to write for the placeholders.
     clock.now += 15
     scaler.decide(clock.now, 0, forecast=6)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    assert not [w for w in result.writes if w.kind.startswith("placeholder")]
+
+
+async def test_placeholders_made_from_other_flags_get_the_new_template(
+    cluster: Cluster, scaler: Scaler, clock: Clock
+) -> None:
+    """--placeholder-image and --priority-class changed since the placeholders were made (same
+    GPUs per pod): one merge patch replaces the pod template with the count, where a scale alone
+    would keep pods of a priority class the cluster may no longer have. The next pass writes
+    nothing for them."""
+    cluster.add_placeholders(3)
+    image, priority = "mirror.example/pause:3.10", "gpu-placeholder-low"
+    companion = make_companion(
+        cluster, scaler, clock, placeholder_image=image, priority_class=priority
+    )
+    scaler.decide(clock.now, 0, forecast=4)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    deployment = cluster.api.get(DEPLOYMENTS, COMPANION_NS, PLACEHOLDER)
+    assert deployment["spec"]["replicas"] == 4
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == priority
+    assert [c["image"] for c in pod["containers"]] == [image]
+    assert [w.kind for w in result.writes if w.kind.startswith("placeholder")] == [
+        "placeholder_template"
+    ]
+    events = [r.data["message"] for r in cluster.writes() if r.resource.plural == "events"]
+    assert any("pod template replaced" in m for m in events), events
+    clock.now += 15
+    scaler.decide(clock.now, 0, forecast=4)
     result = await run_pass(companion)
     assert result.result == "ok", result
     assert not [w for w in result.writes if w.kind.startswith("placeholder")]

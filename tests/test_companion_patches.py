@@ -259,3 +259,31 @@ def test_placeholder_scale_patch() -> None:
     assert scaled["spec"]["replicas"] == 0
     with pytest.raises(ValueError, match="replicas"):
         placeholder_scale_patch(-1)
+
+
+def test_placeholder_template_hash_follows_every_flag_but_not_the_count() -> None:
+    """The hash names the template: every flag that shapes the pods changes it, the replica
+    count does not (a scale is not a template change), and the template patch brings an old
+    Deployment to the new template, count and hash."""
+    from scaler.companion.patches import (
+        PLACEHOLDER_TEMPLATE_ANNOTATION,
+        placeholder_template_patch,
+    )
+
+    def hash_of(dep: dict[str, Any]) -> str:
+        return str(dep["metadata"]["annotations"][PLACEHOLDER_TEMPLATE_ANNOTATION])
+
+    base = placeholder_deployment("p", 1, 1, "ns", "pc")
+    assert hash_of(placeholder_deployment("p", 7, 1, "ns", "pc")) == hash_of(base)
+    variants = [
+        placeholder_deployment("p", 1, 2, "ns", "pc"),
+        placeholder_deployment("p", 1, 1, "ns", "other-pc"),
+        placeholder_deployment("p", 1, 1, "ns", "pc", image="example.com/pause:1"),
+        placeholder_deployment("p", 1, 1, "ns", "pc", taint_key="gpu.example.com/dedicated"),
+    ]
+    assert len({hash_of(v) for v in variants} | {hash_of(base)}) == 5
+    new = variants[1]
+    updated = merge_patch(base, placeholder_template_patch(new))
+    validate_core(updated)
+    assert updated["spec"]["template"] == new["spec"]["template"]
+    assert hash_of(updated) == hash_of(new)

@@ -70,9 +70,11 @@ from scaler.companion.patches import (
     NODEPOOL_GROUP,
     NODEPOOL_VERSION,
     PAUSE_IMAGE,
+    PLACEHOLDER_TEMPLATE_ANNOTATION,
     nodepool_patch,
     placeholder_deployment,
     placeholder_scale_patch,
+    placeholder_template_patch,
 )
 from scaler.companion.plan import is_peak_budget
 
@@ -146,6 +148,16 @@ class KubeSettings:
 
 
 @dataclass(frozen=True)
+class Held:
+    """A placeholder Deployment as read: its name, replicas, GPUs per pod and template hash."""
+
+    name: str
+    replicas: int
+    gpus: int
+    template: str | None
+
+
+@dataclass(frozen=True)
 class ClusterView:
     """One consistent-enough read of the cluster: the planner's inputs plus what writes need."""
 
@@ -165,7 +177,7 @@ class Write:
     """One write the companion sent (or, in dry-run, would send)."""
 
     # "nodepool_patch" | "placeholder_create" | "placeholder_scale" | "placeholder_resize" |
-    # "pod_deletion_cost"
+    # "placeholder_template" | "pod_deletion_cost"
     kind: str
     # e.g. "karpenter.sh/v1 NodePool gpu-a", "apps/v1 Deployment ns/name", "v1 Pod ns/name"
     target: str
@@ -459,18 +471,21 @@ class Kube:
             if pool is not None:
                 used[pool] = used.get(pool, 0) + pod_gpus(pod)
 
-        held: dict[str, tuple[str, int, int]] = {}  # pool -> (name, replicas, gpus per pod)
+        held: dict[str, Held] = {}
         for deployment in placeholders:
             pool = placeholder_nodepool(deployment)
-            name = _dict(deployment.get("metadata")).get("name")
+            meta = _dict(deployment.get("metadata"))
+            name = meta.get("name")
             if pool is None or not isinstance(name, str) or not _is_placeholder(deployment):
                 continue
             replicas = _dict(deployment.get("spec")).get("replicas")
             template = _dict(_dict(deployment.get("spec")).get("template"))
-            held[pool] = (
+            written = _dict(meta.get("annotations")).get(PLACEHOLDER_TEMPLATE_ANNOTATION)
+            held[pool] = Held(
                 name,
                 replicas if isinstance(replicas, int) else 1,
                 max(1, pod_gpus(template)),
+                written if isinstance(written, str) else None,
             )
 
         pools: dict[str, NodePoolState] = {}
@@ -497,7 +512,7 @@ class Kube:
             problems=tuple(problems),
             resource_versions=versions,
             uids=uids,
-            placeholder_names={pool: found[0] for pool, found in held.items()},
+            placeholder_names={pool: found.name for pool, found in held.items()},
             pack_pods=tuple(self._pack_pods(live, node_pool, set(pools), owners)),
         )
 
@@ -542,7 +557,7 @@ class Kube:
         nodepool: Mapping[str, Any],
         ready_gpus: int,
         running_gpus: int,
-        held: Mapping[str, tuple[str, int, int]],
+        held: Mapping[str, Held],
     ) -> NodePoolState:
         meta = _dict(nodepool.get("metadata"))
         name = str(meta.get("name"))
@@ -556,8 +571,9 @@ class Kube:
             gpu_limit=_limit(_dict(spec.get("limits")).get(GPU_RESOURCE)),
             budgets=tuple(_dict(b) for b in budgets),
             annotations={str(k): str(v) for k, v in _dict(meta.get("annotations")).items()},
-            placeholders=None if found is None else found[1],
-            placeholder_gpus=1 if found is None else found[2],
+            placeholders=None if found is None else found.replicas,
+            placeholder_gpus=1 if found is None else found.gpus,
+            placeholder_template=None if found is None else found.template,
         )
 
     def _placements(
@@ -938,14 +954,6 @@ class Kube:
     ) -> Write | None:
         s = self.settings
         wanted, current = plan.placeholders, pool.placeholders
-        # The plan counts placeholders of config.placeholder_gpus each: pods of another size
-        # (the flag changed since they were made) would hold the wrong number of GPUs.
-        resize = current is not None and pool.placeholder_gpus != config.placeholder_gpus
-        if wanted == (current or 0) and not resize:
-            return None
-        change = f"placeholders {current or 0} -> {wanted}"
-        timeout = s.request_timeout_s
-        name = view.placeholder_names.get(pool.name)
         body = placeholder_deployment(
             pool.name,
             wanted,
@@ -955,6 +963,17 @@ class Kube:
             s.placeholder_image,
             s.taint_key,
         )
+        # A template written from other flags (image, priority class, taint key, GPUs per pod;
+        # or by a companion that wrote no hash) is replaced: pods of another size would hold
+        # the wrong number of GPUs (the plan counts config.placeholder_gpus each), and an old
+        # priority class or toleration could leave them unschedulable or not preemptible.
+        written = _dict(_dict(body["metadata"]).get("annotations"))[PLACEHOLDER_TEMPLATE_ANNOTATION]
+        stale = current is not None and pool.placeholder_template != written
+        if wanted == (current or 0) and not stale:
+            return None
+        change = f"placeholders {current or 0} -> {wanted}"
+        timeout = s.request_timeout_s
+        name = view.placeholder_names.get(pool.name)
         if current is None or name is None:
             name = str(_dict(body.get("metadata")).get("name"))
             write = Write(
@@ -990,15 +1009,18 @@ class Kube:
 
         scale = placeholder_scale_patch(wanted)
         kind = "placeholder_scale"
-        if resize:
-            # The whole pod template (a merge patch replaces its lists); strategy Recreate
-            # swaps the pods without surge pods buying extra nodes.
-            kind = "placeholder_resize"
+        if stale and pool.placeholder_gpus != config.placeholder_gpus:
+            kind, scale = "placeholder_resize", placeholder_template_patch(body)
             change = (
                 f"placeholders {current} x {pool.placeholder_gpus} GPU"
                 f" -> {wanted} x {config.placeholder_gpus} GPU"
             )
-            scale = {"spec": {**scale["spec"], "template": _dict(body["spec"]).get("template")}}
+        elif stale:
+            kind, scale = "placeholder_template", placeholder_template_patch(body)
+            change = (
+                f"placeholders {current} -> {wanted}, pod template replaced (image, priority "
+                f"class or taint key changed)"
+            )
         write = Write(kind, f"apps/v1 Deployment {s.namespace}/{name}", scale, pool.name, change)
         if s.dry_run:
             return self._print(write)

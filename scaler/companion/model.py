@@ -69,6 +69,8 @@ class NodePoolState:
     annotations: dict[str, str] = field(default_factory=dict)
     placeholders: int | None = None  # the placeholder Deployment's replicas (None: absent)
     placeholder_gpus: int = 1  # nvidia.com/gpu per placeholder pod
+    # The placeholder Deployment's template hash (PLACEHOLDER_TEMPLATE_ANNOTATION; None: absent)
+    placeholder_template: str | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ second pass with no change sends nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from scaler.companion.inputs import NODEPOOL_LABEL
@@ -32,6 +34,11 @@ NODEPOOL_API_VERSION = f"{NODEPOOL_GROUP}/{NODEPOOL_VERSION}"  # the one definit
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 PLACEHOLDER_APP = "gpu-placeholder"
 PLACEHOLDER_NODEPOOL_LABEL = "gpu-queue-scaler.io/placeholder-for"
+# On the placeholder Deployment: a hash of the pod template the companion wrote. The API server
+# defaults fields into a stored template (imagePullPolicy, terminationMessagePath, ...), so the
+# stored one never equals what was sent; the hash of what was sent says whether the flags that
+# shape it (image, priority class, taint key, GPUs per pod) changed since.
+PLACEHOLDER_TEMPLATE_ANNOTATION = "gpu-queue-scaler.io/placeholder-template"
 
 
 def peak_budget() -> dict[str, object]:
@@ -127,45 +134,66 @@ def placeholder_deployment(
     selector = {"app.kubernetes.io/name": PLACEHOLDER_APP, PLACEHOLDER_NODEPOOL_LABEL: pool_name}
     labels = {**selector, MANAGED_BY_LABEL: MANAGED_BY}
     quantity = {GPU_RESOURCE: str(gpus)}
+    template = {
+        "metadata": {"labels": labels},
+        "spec": {
+            "priorityClassName": priority_class,
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "nodeSelector": {NODEPOOL_LABEL: pool_name},
+            "tolerations": [{"key": taint_key, "operator": "Exists", "effect": "NoSchedule"}],
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65535,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "pause",
+                    "image": image,
+                    "resources": {"requests": quantity, "limits": dict(quantity)},
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": placeholder_name(pool_name), "namespace": namespace, "labels": labels},
+        "metadata": {
+            "name": placeholder_name(pool_name),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {PLACEHOLDER_TEMPLATE_ANNOTATION: template_hash(template)},
+        },
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector},
             "strategy": {"type": "Recreate"},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "priorityClassName": priority_class,
-                    "terminationGracePeriodSeconds": 0,
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "nodeSelector": {NODEPOOL_LABEL: pool_name},
-                    "tolerations": [
-                        {"key": taint_key, "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": 65535,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [
-                        {
-                            "name": "pause",
-                            "image": image,
-                            "resources": {"requests": quantity, "limits": dict(quantity)},
-                            "securityContext": {
-                                "allowPrivilegeEscalation": False,
-                                "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]},
-                            },
-                        }
-                    ],
-                },
-            },
+            "template": template,
         },
+    }
+
+
+def template_hash(template: Mapping[str, Any]) -> str:
+    """A short, stable hash of a pod template as written (keys sorted)."""
+    raw = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def placeholder_template_patch(deployment: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that brings a placeholder Deployment to `deployment`'s pod template,
+    replica count and template hash (a merge patch replaces the template's lists whole; strategy
+    Recreate then swaps the pods without surge pods buying extra nodes)."""
+    metadata, spec = deployment["metadata"], deployment["spec"]
+    return {
+        "metadata": {"annotations": dict(metadata["annotations"])},
+        "spec": {"replicas": spec["replicas"], "template": spec["template"]},
     }
 
 
