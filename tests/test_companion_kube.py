@@ -580,25 +580,13 @@ async def test_placeholders_of_another_size_are_resized(
     cluster.add_placeholders(3)  # 1 GPU each
     config = CompanionConfig(peak_hold_s=600.0, placeholder_gpus=2)
     companion = make_companion(cluster, scaler, clock, config=config)
-    scaler.decide(clock.now, 0, forecast=6)
-    result = await run_pass(companion)
-    assert result.result == "ok", result
-    deployment = cluster.api.get(DEPLOYMENTS, COMPANION_NS, PLACEHOLDER)
+    deployment = await replaced_once(
+        cluster, scaler, clock, companion, 6, "placeholder_resize", "3 x 1 GPU -> 3 x 2 GPU"
+    )
     assert deployment["spec"]["replicas"] == 3  # 6 GPUs / 2 per pod
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["resources"]["requests"] == {"nvidia.com/gpu": "2"}
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "2"}
-    assert [w.kind for w in result.writes if w.kind.startswith("placeholder")] == [
-        "placeholder_resize"
-    ]
-    events = [r.data["message"] for r in cluster.writes() if r.resource.plural == "events"]
-    assert any("placeholders 3 x 1 GPU -> 3 x 2 GPU" in m for m in events), events
-    # The next pass sees the new size: nothing more to write for the placeholders.
-    clock.now += 15
-    scaler.decide(clock.now, 0, forecast=6)
-    result = await run_pass(companion)
-    assert result.result == "ok", result
-    assert not [w for w in result.writes if w.kind.startswith("placeholder")]
 
 
 async def test_placeholders_made_from_other_flags_get_the_new_template(
@@ -606,31 +594,45 @@ async def test_placeholders_made_from_other_flags_get_the_new_template(
 ) -> None:
     """--placeholder-image and --priority-class changed since the placeholders were made (same
     GPUs per pod): one merge patch replaces the pod template with the count, where a scale alone
-    would keep pods of a priority class the cluster may no longer have. The next pass writes
-    nothing for them."""
+    would keep pods of a priority class the cluster may no longer have."""
     cluster.add_placeholders(3)
     image, priority = "mirror.example/pause:3.10", "gpu-placeholder-low"
     companion = make_companion(
         cluster, scaler, clock, placeholder_image=image, priority_class=priority
     )
-    scaler.decide(clock.now, 0, forecast=4)
-    result = await run_pass(companion)
-    assert result.result == "ok", result
-    deployment = cluster.api.get(DEPLOYMENTS, COMPANION_NS, PLACEHOLDER)
+    deployment = await replaced_once(
+        cluster, scaler, clock, companion, 4, "placeholder_template", "pod template replaced"
+    )
     assert deployment["spec"]["replicas"] == 4
     pod = deployment["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == priority
     assert [c["image"] for c in pod["containers"]] == [image]
-    assert [w.kind for w in result.writes if w.kind.startswith("placeholder")] == [
-        "placeholder_template"
-    ]
+
+
+async def replaced_once(
+    cluster: Cluster,
+    scaler: Scaler,
+    clock: Clock,
+    companion: Companion,
+    forecast: float,
+    kind: str,
+    event: str,
+) -> dict[str, Any]:
+    """A pass writes the placeholders once, as `kind` with `event` in its Event; the next pass
+    sees them as written and writes nothing for them. Returns the Deployment."""
+    scaler.decide(clock.now, 0, forecast=forecast)
+    result = await run_pass(companion)
+    assert result.result == "ok", result
+    assert [w.kind for w in result.writes if w.kind.startswith("placeholder")] == [kind]
     events = [r.data["message"] for r in cluster.writes() if r.resource.plural == "events"]
-    assert any("pod template replaced" in m for m in events), events
+    assert any(event in m for m in events), events
+    deployment: dict[str, Any] = cluster.api.get(DEPLOYMENTS, COMPANION_NS, PLACEHOLDER)
     clock.now += 15
-    scaler.decide(clock.now, 0, forecast=4)
+    scaler.decide(clock.now, 0, forecast=forecast)
     result = await run_pass(companion)
     assert result.result == "ok", result
     assert not [w for w in result.writes if w.kind.startswith("placeholder")]
+    return deployment
 
 
 async def test_scale_to_zero_on_idle(cluster: Cluster, scaler: Scaler, clock: Clock) -> None:
