@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from scaler.httpclient import async_client
 from tests.servers.base import LoadTally
-from tests.servers.vllm import VllmServer, vllm_load
+from tests.servers.vllm import VllmServer, metric_sums, vllm_load
 
 pytestmark = [pytest.mark.real_servers, pytest.mark.slow]
 
@@ -24,17 +22,6 @@ RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 PREEMPTIONS = "vllm:num_preemptions_total"
 KV_PRESSURE_ARGS = ["--num-gpu-blocks-override", "5", "--max-num-seqs", "4"]
-
-
-async def scrape(client: httpx.AsyncClient, metrics_url: str) -> dict[str, float]:
-    """Every sample in vLLM's /metrics, summed over labels, by sample name."""
-    response = await client.get(metrics_url)
-    response.raise_for_status()
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return values
 
 
 def start_load(url: str, stop: asyncio.Event, tally: LoadTally) -> asyncio.Task[tuple[int, int]]:
@@ -64,7 +51,7 @@ async def test_waiting_queue_builds_under_concurrent_load(vllm_server: VllmServe
     try:
         async with async_client(timeout=5.0) as client:
             for _ in range(240):  # at most ~60 s
-                metrics = await scrape(client, vllm_server.metrics_url)
+                metrics = await metric_sums(client, vllm_server.metrics_url)
                 seen.append((metrics.get(WAITING, -1.0), metrics.get(RUNNING, -1.0)))
                 queued = any(w >= 10 and r == 2 for w, r in seen)
                 if (queued and tally.ok > 0) or load.done():
@@ -95,9 +82,9 @@ async def test_kv_cache_fills_with_few_blocks() -> None:
         try:
             async with async_client(timeout=5.0) as client:
                 for _ in range(240):  # at most ~60 s
-                    metrics = await scrape(client, server.metrics_url)
+                    metrics = await metric_sums(client, server.metrics_url)
                     usage.append(metrics.get(KV_USAGE, -1.0))
-                    preemptions = metrics.get(PREEMPTIONS, 0.0)
+                    preemptions = metrics.get(PREEMPTIONS, preemptions)
                     filled = max(usage) >= 0.5
                     if (filled and tally.ok > 0) or load.done():
                         break

@@ -20,7 +20,7 @@ from scaler.policy import Decision
 from tests.conftest import DecisionLog, latest, ref, wait_decision
 from tests.servers.prometheus import MetricsEndpoint, sample_value
 from tests.servers.triton import TritonServer, triton_load
-from tests.servers.vllm import MODEL_NAME, VllmServer, vllm_load
+from tests.servers.vllm import MODEL_NAME, VllmServer, metric_sums, vllm_load
 
 pytestmark = [pytest.mark.real_servers, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -416,12 +416,8 @@ async def test_vllm_queue_by_both_sources_raises_the_target(
             queue_seen_at = None
             deadline = time.monotonic() + 60
             while queue_seen_at is None and time.monotonic() < deadline:
-                text = (await http.get(vllm_server.metrics_url)).text
-                waiting = sum(
-                    s.value
-                    for f in text_string_to_metric_families(text)
-                    for s in f.samples
-                    if s.name == "vllm:num_requests_waiting"
+                waiting = (await metric_sums(http, vllm_server.metrics_url)).get(
+                    "vllm:num_requests_waiting", 0.0
                 )
                 if waiting >= 8:
                     queue_seen_at = time.time()

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from scaler.httpclient import async_client
 from tests.servers.base import LoadTally, NotReadyError, StartStop, log_tail, wait_until_ready
@@ -295,6 +296,22 @@ async def vllm_load(
         if isinstance(result, Exception):  # a bug in the load loop, not a server error
             raise result
     return tally.ok, tally.errors
+
+
+async def metric_sums(client: httpx.AsyncClient, metrics_url: str) -> dict[str, float]:
+    """Every sample in vLLM's /metrics, summed over labels, by sample name; nothing (an empty
+    dict) when the connection fails: a vLLM saturating both cores can drop one (seen under
+    load: "Server disconnected without sending a response"), and the tests poll again."""
+    try:
+        response = await client.get(metrics_url)
+    except httpx.TransportError:
+        return {}
+    response.raise_for_status()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
 
 
 @pytest.fixture(scope="session")
