@@ -41,6 +41,7 @@ MODEL_NAME = "tiny-llama"
 PROMPT = "once upon a time there was a little fox in the river and the queue was"
 
 START_TIMEOUT_S = 180.0
+START_ATTEMPTS = 3  # starts on a fresh port when the last one was taken before vLLM bound it
 STOP_TIMEOUT_S = 30.0
 DEFAULT_ARGS = ("--max-model-len", "512", "--max-num-seqs", "2")
 
@@ -72,16 +73,19 @@ class VllmServer(StartStop):
         self.model_dir = model_dir
         self.start_timeout_s = start_timeout_s
         self.keep_log = keep_log  # else the log goes at stop(), unless start-up failed
-        self.port = free_port()
         self.host = "127.0.0.1"
-        self.url = f"http://{self.host}:{self.port}"
-        self.metrics_url = f"{self.url}/metrics"
-        self.metrics_target = f"{self.host}:{self.port}"
+        self._use_port(free_port())
         self.model = MODEL_NAME
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_in_s: float | None = None
         self._logdir = tempfile.mkdtemp(prefix="vllm-server-")
         self.log_path = Path(self._logdir) / "server.log"
+
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://{self.host}:{port}"
+        self.metrics_url = f"{self.url}/metrics"
+        self.metrics_target = f"{self.host}:{port}"
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -124,6 +128,24 @@ class VllmServer(StartStop):
         if self.proc is not None:
             raise RuntimeError("server already started")
         began = time.monotonic()
+        keep_log = self.keep_log
+        # The port from free_port() can be taken by any socket before vLLM binds it (its
+        # imports take tens of seconds): start again on another port, a bounded number of times.
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._launch()
+                break
+            except RuntimeError as err:
+                if attempt == START_ATTEMPTS or "address already in use" not in str(err).lower():
+                    raise
+                self.proc, self.keep_log = None, keep_log
+                os.makedirs(self._logdir, exist_ok=True)
+                self._use_port(free_port())
+        self.started_in_s = time.monotonic() - began
+        return self
+
+    def _launch(self) -> None:
+        """One start on the current port (the server stopped, its log kept, if it fails)."""
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 self.command(),
@@ -140,8 +162,6 @@ class VllmServer(StartStop):
             self.keep_log = True
             self.stop()
             raise
-        self.started_in_s = time.monotonic() - began
-        return self
 
     def _wait_ready(self, timeout_s: float) -> None:
         assert self.proc is not None
