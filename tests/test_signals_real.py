@@ -410,7 +410,12 @@ async def test_vllm_queue_by_both_sources_raises_the_target(
     before = [(await client.evaluate(so)).value for so in (direct, through_prom)]
     assert before == [1.0, 1.0]  # idle but not yet idle for the whole window: one replica
     stop = asyncio.Event()
-    load = asyncio.create_task(vllm_load(vllm_server.url, concurrency=16, duration_s=90, stop=stop))
+    # The load lasts until the test stops it (bounded by the test's timeout): on a starved
+    # runner the steps below took over 90 s, and a load that ended with them took the queue,
+    # and the raised target, away before the last check (a fresh-clone run, session 8).
+    load = asyncio.create_task(
+        vllm_load(vllm_server.url, concurrency=16, duration_s=420, stop=stop)
+    )
     try:
         async with async_client(timeout=10) as http:
             queue_seen_at = None
