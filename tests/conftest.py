@@ -79,23 +79,34 @@ def latest(server: ScalerServer, name: str) -> Decision | None:
     return next((d for d in server.engine.decisions() if d.workload.endswith("/" + name)), None)
 
 
+async def poll(check: Callable[[], bool], timeout_s: float) -> bool:
+    """Call `check` every 20 ms until it is true (bounded by `timeout_s`). The last call is
+    after the deadline: a loop starved past it still sees what is there."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        past = time.monotonic() >= deadline
+        if check():
+            return True
+        if past:
+            return False
+        await asyncio.sleep(0.02)
+
+
 async def wait_decision(
     server: ScalerServer, name: str, predicate: Callable[[Decision], bool], timeout_s: float
 ) -> Decision:
-    """Poll the server's decisions for `name` until one matches (bounded by `timeout_s`). The
-    last look is after the deadline: a loop starved past it still sees what is there."""
-    deadline = time.monotonic() + timeout_s
-    decision = None
-    while True:
-        past = time.monotonic() >= deadline
-        decision = latest(server, name)
-        if decision is not None and predicate(decision):
-            return decision
-        if past:
-            break
-        await asyncio.sleep(0.02)
-    faults = decision.faults if decision is not None else ()
-    raise AssertionError(f"no decision matched within {timeout_s}s; last: {decision}; {faults}")
+    """Poll the server's decisions for `name` until one matches (bounded by `timeout_s`)."""
+    last: list[Decision | None] = [None]
+
+    def matches() -> bool:
+        decision = last[0] = latest(server, name)
+        return decision is not None and predicate(decision)
+
+    if await poll(matches, timeout_s):
+        assert last[0] is not None
+        return last[0]
+    faults = last[0].faults if last[0] is not None else ()
+    raise AssertionError(f"no decision matched within {timeout_s}s; last: {last[0]}; {faults}")
 
 
 class DecisionLog:
@@ -133,16 +144,16 @@ class DecisionLog:
     ) -> Decision:
         """The first decision after `wall` that matches, which must be among the first `ticks`
         after it (bounded by `timeout_s` of waiting for them)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            past = time.monotonic() >= deadline
-            seen = self.after(name, wall, with_signal=with_signal)[:ticks]
-            match = next((d for d in seen if predicate(d)), None)
-            if match is not None:
-                return match
-            if past or len(seen) == ticks:
-                break
-            await asyncio.sleep(0.02)
+        seen: list[Decision] = []
+
+        def settled() -> bool:  # a match, or all `ticks` in without one
+            seen[:] = self.after(name, wall, with_signal=with_signal)[:ticks]
+            return any(predicate(d) for d in seen) or len(seen) == ticks
+
+        await poll(settled, timeout_s)
+        match = next((d for d in seen if predicate(d)), None)
+        if match is not None:
+            return match
         raise AssertionError(
             f"none of the first {ticks} decisions for {name} after {wall} matched "
             f"({len(seen)} came in {timeout_s}s): {seen}"

@@ -70,11 +70,11 @@ from scaler.companion.patches import (
     NODEPOOL_GROUP,
     NODEPOOL_VERSION,
     PAUSE_IMAGE,
-    PLACEHOLDER_TEMPLATE_ANNOTATION,
     nodepool_patch,
     placeholder_deployment,
     placeholder_scale_patch,
     placeholder_template_patch,
+    written_template_hash,
 )
 from scaler.companion.plan import is_peak_budget
 
@@ -480,12 +480,11 @@ class Kube:
                 continue
             replicas = _dict(deployment.get("spec")).get("replicas")
             template = _dict(_dict(deployment.get("spec")).get("template"))
-            written = _dict(meta.get("annotations")).get(PLACEHOLDER_TEMPLATE_ANNOTATION)
             held[pool] = Held(
                 name,
                 replicas if isinstance(replicas, int) else 1,
                 max(1, pod_gpus(template)),
-                written if isinstance(written, str) else None,
+                written_template_hash(deployment),
             )
 
         pools: dict[str, NodePoolState] = {}
@@ -967,8 +966,7 @@ class Kube:
         # or by a companion that wrote no hash) is replaced: pods of another size would hold
         # the wrong number of GPUs (the plan counts config.placeholder_gpus each), and an old
         # priority class or toleration could leave them unschedulable or not preemptible.
-        written = _dict(_dict(body["metadata"]).get("annotations"))[PLACEHOLDER_TEMPLATE_ANNOTATION]
-        stale = current is not None and pool.placeholder_template != written
+        stale = current is not None and pool.placeholder_template != written_template_hash(body)
         if wanted == (current or 0) and not stale:
             return None
         change = f"placeholders {current or 0} -> {wanted}"
@@ -1009,18 +1007,17 @@ class Kube:
 
         scale = placeholder_scale_patch(wanted)
         kind = "placeholder_scale"
-        if stale and pool.placeholder_gpus != config.placeholder_gpus:
-            kind, scale = "placeholder_resize", placeholder_template_patch(body)
-            change = (
-                f"placeholders {current} x {pool.placeholder_gpus} GPU"
-                f" -> {wanted} x {config.placeholder_gpus} GPU"
-            )
-        elif stale:
-            kind, scale = "placeholder_template", placeholder_template_patch(body)
-            change = (
-                f"placeholders {current} -> {wanted}, pod template replaced (image, priority "
-                f"class or taint key changed)"
-            )
+        if stale:
+            scale = placeholder_template_patch(body)
+            if pool.placeholder_gpus != config.placeholder_gpus:
+                kind = "placeholder_resize"
+                change = (
+                    f"placeholders {current} x {pool.placeholder_gpus} GPU"
+                    f" -> {wanted} x {config.placeholder_gpus} GPU"
+                )
+            else:
+                kind = "placeholder_template"
+                change += ", pod template replaced (image, priority class or taint key changed)"
         write = Write(kind, f"apps/v1 Deployment {s.namespace}/{name}", scale, pool.name, change)
         if s.dry_run:
             return self._print(write)

@@ -180,6 +180,16 @@ def placeholder_deployment(
     }
 
 
+def written_template_hash(deployment: Mapping[str, Any]) -> str | None:
+    """The template hash a placeholder Deployment carries (None: absent, or not a string)."""
+    metadata = deployment.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    if not isinstance(annotations, Mapping):
+        return None
+    value = annotations.get(PLACEHOLDER_TEMPLATE_ANNOTATION)
+    return value if isinstance(value, str) else None
+
+
 def template_hash(template: Mapping[str, Any]) -> str:
     """A short, stable hash of a pod template as written (keys sorted)."""
     raw = json.dumps(template, sort_keys=True, separators=(",", ":"))

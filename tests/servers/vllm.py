@@ -138,8 +138,7 @@ class VllmServer(StartStop):
             except RuntimeError as err:
                 if attempt == START_ATTEMPTS or "address already in use" not in str(err).lower():
                     raise
-                self.proc, self.keep_log = None, keep_log
-                os.makedirs(self._logdir, exist_ok=True)
+                self.proc, self.keep_log = None, keep_log  # the failed start kept its log dir
                 self._use_port(free_port())
         self.started_in_s = time.monotonic() - began
         return self
