@@ -393,6 +393,20 @@ async def scrape_samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ..
     }
 
 
+async def test_metrics_reason_label_is_the_decisions_reason(start_server):
+    """The reason label follows the decision: capped by maxReplicas, /metrics says max_bound
+    (and not current_need, the reason the other /metrics test sees)."""
+    server, client = await start_server(metrics_address="127.0.0.1:0")
+    assert (await client.evaluate(ref("llama", synthetic(maxReplicas="1")))).value == 1.0
+    samples = await scrape_samples(server.metrics_port)
+    reasons = {
+        dict(labels)["reason"]: value
+        for (name, labels), value in samples.items()
+        if name == "queue_scaler_decision_reason" and dict(labels)["scaledobject"] == "llama"
+    }
+    assert reasons == {"max_bound": 1.0}, reasons
+
+
 async def test_metrics_endpoint_shows_decisions(start_server):
     server, client = await start_server(metrics_address="127.0.0.1:0")
     await client.evaluate(ref("llama", synthetic()))
