@@ -3,6 +3,8 @@
 Why these five: always-on is what most GPU fleets run; an HPA on GPU utilization and KEDA's
 Prometheus scaler on queue depth are the usual autoscalers; the scaler is this project, called
 through the very decision code that serves KEDA; the oracle bounds what any policy could do.
+`ReactiveBound` is not a row of the bench: it bounds what a reactive policy could do
+(`bench/reactive_bound.py`).
 
 Every policy sees the fleet only as a cluster would expose it: the scaler its `Signal` (built as
 `scaler.sources.catalog` defines the fields), the baselines their Prometheus metrics at the last
@@ -13,6 +15,7 @@ Every policy sees the fleet only as a cluster would expose it: the scaler its `S
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +27,7 @@ from scaler.config import Config
 from scaler.engine import Workload
 from scaler.policy import Decision, PolicyState, decide
 from scaler.sim.autoscalers import (
+    HPA_SYNC_S,
     SCALER_BEHAVIOR,
     Hpa,
     HpaBehavior,
@@ -232,6 +236,40 @@ class Oracle:
         cluster.pack()
         k = min(max(0, round(at / self.dt)), self.schedule.size - 1)
         return int(self.schedule[k])
+
+
+class ReactiveBound:
+    """Everything but the future (`bench/reactive_bound.py`): every second it knows the need the
+    oracle computes for that second (`oracle_need`: no rate window, no lag, no noise), asks for
+    ceil(need x headroom) at once, holds the highest ask of the last `window_s` (a removed
+    replica takes a cold start to come back), acts every HPA sync and packs its nodes as the
+    oracle does. What measuring the present better can buy a reactive rule, at most; the rest of
+    the oracle's lead is foresight. Before t = 0 it reads the need of the trace's first
+    `pre_s` seconds, which the simulator replays there (the warm start)."""
+
+    def __init__(
+        self, need: IntArray, dt: float, pre_s: float, headroom: float, window_s: float
+    ) -> None:
+        self.need, self.dt, self.pre_s = need, dt, pre_s
+        self.headroom, self.window_s = headroom, window_s
+        self.name = f"reactive-bound x{headroom:g}, {window_s:g}s hold"
+        self.asks: deque[tuple[float, int]] = deque()  # (at, ask), highest first
+        self.next_sync = -math.inf
+
+    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+        trace_at = at + self.pre_s if at < 0 else at
+        k = min(max(0, round(trace_at / self.dt)), self.need.size - 1)
+        ask = math.ceil(float(self.need[k]) * self.headroom - 1e-9)
+        while self.asks and self.asks[-1][1] <= ask:
+            self.asks.pop()
+        self.asks.append((at, ask))
+        while self.asks[0][0] <= at - self.window_s:
+            self.asks.popleft()
+        if at + 1e-9 < self.next_sync:
+            return None
+        self.next_sync = at + HPA_SYNC_S
+        cluster.pack()
+        return self.asks[0][1]
 
 
 def replica_slots(requests: Requests, service: ServiceProfile) -> int:

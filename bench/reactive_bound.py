@@ -1,0 +1,89 @@
+"""What any reactive policy can reach on a trace: the oracle's exact need, without foresight.
+
+Usage: python bench/reactive_bound.py [--trace FILE] [--scale F] [--compress C] [--duration S]
+       [--cold-start S] [--headroom 1.0,1.18,...] [--window 180,300]
+
+The simulator's goal (>= 99% of requests within the SLO at <= 1.2x the oracle's GPU-hours) asks
+how much of the oracle's lead is foresight. This bench answers it with
+`scaler.sim.policies.ReactiveBound`, a policy given everything but the future: the need the
+oracle computes for each second, at once and exactly, asked for with `--headroom` and held for
+`--window` seconds, nodes packed as the oracle packs them. It runs on the same requests, seed
+and warm fleet as the oracle and this scaler (alone and with the Karpenter companion's packing),
+in the same process, and prints each one's SLO attainment and GPU-hours as a ratio to the
+oracle's. If the bound meets the goal where the scaler does not, the gap is in how the scaler
+reads the present; the bound's own distance from the oracle is what knowing the future is worth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import replace
+
+import numpy as np
+from scaler.sim.command import first_windows
+from scaler.sim.policies import ReactiveBound, oracle_need, replica_slots
+from scaler.sim.profiles import DEFAULT_PROFILE, get_profile
+from scaler.sim.run import COMPANION, PolicyRun, SimConfig, run_bench, simulate
+from scaler.sim.workload import build_requests
+from scaler.traces import load_trace
+
+CONV = "bench/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
+
+
+def row(run: PolicyRun, oracle_gpu_s: float, slo_s: float) -> str:
+    wait = np.nan_to_num(run.queue_wait_s, nan=np.inf)
+    within = float(np.mean(wait <= slo_s))
+    return (
+        f"| {run.name} | {within:.3f} | {run.gpu_seconds / 3600.0:.1f} "
+        f"| {run.gpu_seconds / oracle_gpu_s:.2f}x | {run.ready.mean():.1f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", default=CONV)
+    parser.add_argument("--scale", type=float, default=20.0)
+    parser.add_argument("--compress", type=float, default=1.0)
+    parser.add_argument("--duration", type=float, default=None)
+    parser.add_argument("--cold-start", type=float, default=180.0)
+    parser.add_argument("--headroom", default="1.0,1.18,1.3,1.45,1.6")
+    parser.add_argument("--window", default="180,300")
+    args = parser.parse_args()
+    trace = first_windows(load_trace(args.trace), args.duration, args.compress)
+    requests = build_requests(
+        trace, scale=args.scale, compress=args.compress, duration_s=args.duration
+    )
+    cfg = SimConfig(
+        profile=get_profile(DEFAULT_PROFILE),
+        cold_start_s=args.cold_start,
+        policies=("scaler", "oracle"),
+        companion=True,
+    )
+    bench = run_bench(requests, cfg, scale=args.scale)
+    runs = {run.name: run for run in bench.runs}
+    oracle = runs["oracle"]
+    svc = cfg.profile.service
+    steps = math.ceil(requests.duration_s / cfg.dt)
+    need = oracle_need(requests, svc, cfg.dt, steps, replica_slots(requests, svc))
+    print(
+        f"{requests.name} x{args.scale:g}, {args.cold_start:g} s cold start, "
+        f"{requests.count:,} requests; the oracle's need, per second: mean {need.mean():.1f} "
+        f"replicas\n"
+    )
+    print("| policy | SLO (queue wait) | GPU-hours | / oracle | ready replicas (mean) |")
+    print("|---|--:|--:|--:|--:|")
+    print(row(oracle, oracle.gpu_seconds, cfg.slo_s))
+    for name in ("scaler", COMPANION):
+        print(row(runs[name], oracle.gpu_seconds, cfg.slo_s))
+    alone = replace(cfg, policies=("scaler",), companion=False)
+    pre_s = min(cfg.warm_window_s, requests.duration_s)
+    for window in (float(w) for w in args.window.split(",")):
+        for headroom in (float(h) for h in args.headroom.split(",")):
+            policy = ReactiveBound(need, cfg.dt, pre_s, headroom, window)
+            run = simulate(policy, requests, alone, bench.initial_replicas)
+            print(row(run, oracle.gpu_seconds, cfg.slo_s), flush=True)
+
+
+if __name__ == "__main__":
+    main()
