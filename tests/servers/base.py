@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 import httpx
 
@@ -22,6 +22,26 @@ Probe = Callable[[], str | None]
 
 
 ERROR_PAUSE_S = 0.05  # a client's pause after a failed request: a down server is not spun on
+PORT_TAKEN = "address already in use"  # what a server's bind error says, in every log here
+START_ATTEMPTS = 3
+T = TypeVar("T")
+
+
+def start_retrying_taken_ports(
+    pick: Callable[[int], None], launch: Callable[[], T], attempts: int = START_ATTEMPTS
+) -> T:
+    """`launch()` after `pick(attempt)` chose its ports; again, at most `attempts` times, when
+    the start failed because a port was taken (its error names PORT_TAKEN): a port found free
+    can be bound by any other socket before a server that takes seconds to import binds it.
+    Any other failure is raised at once; so is the last."""
+    for attempt in range(1, attempts + 1):
+        pick(attempt)
+        try:
+            return launch()
+        except Exception as err:
+            if attempt == attempts or PORT_TAKEN not in str(err).lower():
+                raise
+    raise ValueError(f"attempts must be at least 1, got {attempts}")
 
 
 @dataclass

@@ -42,7 +42,7 @@ from typing import Any, Self
 
 import pytest
 
-from tests.servers.base import StartStop, log_tail, write_reply
+from tests.servers.base import StartStop, log_tail, start_retrying_taken_ports, write_reply
 from tests.servers.ports import free_port
 
 INSTALL_SCRIPT = "tests/servers/install_prometheus.sh"
@@ -181,19 +181,17 @@ class PrometheusServer:
         """Start on a fresh free port (a few tries if another process grabs the port first)."""
         if self.running():
             raise PrometheusError("already running")
-        last: PrometheusError | None = None
-        for _ in range(3):
-            port = free_port()
-            if port == RESERVED_PORT:
-                continue
-            try:
-                self._launch(port)
-                return self
-            except PrometheusError as err:
-                last = err
-                if "address already in use" not in str(err):
-                    raise
-        raise last or PrometheusError("no free port found")
+        chosen: list[int] = []
+
+        def pick(attempt: int) -> None:
+            ports = (free_port() for _ in range(10))  # 9090 comes up again only by chance
+            port = next((p for p in ports if p != RESERVED_PORT), None)
+            if port is None:
+                raise PrometheusError(f"no free port other than {RESERVED_PORT} in 10 tries")
+            chosen.append(port)
+
+        start_retrying_taken_ports(pick, lambda: self._launch(chosen[-1]))
+        return self
 
     def restart(self) -> Self:
         """Start again on the SAME port with the SAME TSDB dir (history survives).

@@ -27,7 +27,13 @@ import httpx
 import pytest
 
 from scaler.httpclient import async_client
-from tests.servers.base import LoadTally, NotReadyError, StartStop, wait_until_ready
+from tests.servers.base import (
+    LoadTally,
+    NotReadyError,
+    StartStop,
+    start_retrying_taken_ports,
+    wait_until_ready,
+)
 from tests.servers.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +44,7 @@ INSTALL_SCRIPT = "tests/servers/install_triton.sh"
 MODEL = "toy"
 
 START_TIMEOUT_S = 60.0
+RESTART_ATTEMPTS = 5  # restart() on the same ports: the old process's sockets may linger
 STOP_TIMEOUT_S = 15.0
 LOG_TAIL_CHARS = 4000
 
@@ -122,12 +129,11 @@ class TritonServer(StartStop):
     def start(self) -> None:
         if self.proc is not None:
             raise RuntimeError("TritonServer already started")
-        # Ephemeral ports can collide between free_port() and Triton's bind: retry a few times.
-        attempts = 3
-        for attempt in range(1, attempts + 1):
+
+        def pick(attempt: int) -> None:
             self.http_port, self.grpc_port, self.metrics_port = _distinct_free_ports(3)
-            if self._launch(retry_in_use=attempt < attempts):
-                return
+
+        start_retrying_taken_ports(pick, self._launch)
 
     def restart(self) -> None:
         """Start again on the SAME ports after stop() or kill() (a pod coming back at its
@@ -139,14 +145,15 @@ class TritonServer(StartStop):
                 raise RuntimeError("TritonServer.restart() while it is running; stop() first")
             self._reap_group()
             self.proc = None
-        attempts = 5
-        for attempt in range(1, attempts + 1):
-            if self._launch(retry_in_use=attempt < attempts):
-                return
-            time.sleep(1.0)
 
-    def _launch(self, *, retry_in_use: bool) -> bool:
-        """One start on the current ports. False if a port was in use and `retry_in_use`."""
+        def pause(attempt: int) -> None:  # the same ports; the old sockets take a moment to go
+            if attempt > 1:
+                time.sleep(1.0)
+
+        start_retrying_taken_ports(pause, self._launch, RESTART_ATTEMPTS)
+
+    def _launch(self) -> None:
+        """One start on the current ports; a failed start is stopped and raised with its log."""
         if not TRITON_PYTHON.exists():
             raise TritonStartError(triton_venv_missing_message())
         env = dict(os.environ)
@@ -184,11 +191,8 @@ class TritonServer(StartStop):
             self.kill()
             self._reap_group()
             self.proc = None
-            if "address already in use" in tail.lower() and retry_in_use:
-                return False
             raise TritonStartError(f"{err}\n--- {self.log_path} (tail) ---\n{tail}") from None
         self.start_seconds = time.monotonic() - started
-        return True
 
     def _wait_ready(self) -> None:
         assert self.proc is not None

@@ -28,7 +28,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scaler.httpclient import async_client
-from tests.servers.base import LoadTally, NotReadyError, StartStop, log_tail, wait_until_ready
+from tests.servers.base import (
+    LoadTally,
+    NotReadyError,
+    StartStop,
+    log_tail,
+    start_retrying_taken_ports,
+    wait_until_ready,
+)
 from tests.servers.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +48,6 @@ MODEL_NAME = "tiny-llama"
 PROMPT = "once upon a time there was a little fox in the river and the queue was"
 
 START_TIMEOUT_S = 180.0
-START_ATTEMPTS = 3  # starts on a fresh port when the last one was taken before vLLM bound it
 STOP_TIMEOUT_S = 30.0
 DEFAULT_ARGS = ("--max-model-len", "512", "--max-num-seqs", "2")
 
@@ -129,17 +135,13 @@ class VllmServer(StartStop):
             raise RuntimeError("server already started")
         began = time.monotonic()
         keep_log = self.keep_log
-        # The port from free_port() can be taken by any socket before vLLM binds it (its
-        # imports take tens of seconds): start again on another port, a bounded number of times.
-        for attempt in range(1, START_ATTEMPTS + 1):
-            try:
-                self._launch()
-                break
-            except RuntimeError as err:
-                if attempt == START_ATTEMPTS or "address already in use" not in str(err).lower():
-                    raise
+
+        def pick(attempt: int) -> None:
+            if attempt > 1:  # the first start uses the port chosen in __init__
                 self.proc, self.keep_log = None, keep_log  # the failed start kept its log dir
                 self._use_port(free_port())
+
+        start_retrying_taken_ports(pick, self._launch)
         self.started_in_s = time.monotonic() - began
         return self
 
