@@ -119,6 +119,16 @@ class DecisionLog:
 
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
+        self.publishers: list[int] = []  # id() of the Workload that published each decision
+
+    def by_publisher(self, name: str) -> list[list[Decision]]:
+        """`name`'s decisions split by the Workload that published them (one per server that
+        evaluates it), in the order each first published."""
+        groups: dict[int, list[Decision]] = {}
+        for who, decision in zip(self.publishers, self.decisions, strict=True):
+            if decision.workload.endswith("/" + name):
+                groups.setdefault(who, []).append(decision)
+        return list(groups.values())
 
     def after(self, name: str, wall: float, *, with_signal: bool = False) -> list[Decision]:
         """Decisions for `name` from ticks at or after `wall` (epoch seconds): their reads
@@ -169,6 +179,7 @@ def decision_log(monkeypatch: pytest.MonkeyPatch) -> DecisionLog:
     def spy(self: Workload, decision: Decision | None, problem: Any) -> None:
         if decision is not None:
             log.decisions.append(decision)
+            log.publishers.append(id(self))
         publish(self, decision, problem)
 
     monkeypatch.setattr(Workload, "publish", spy)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import time
@@ -22,10 +23,13 @@ from scaler._proto import externalscaler_pb2 as pb
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
 from scaler.engine import Engine
+from scaler.policy import Decision
 from scaler.signals import Signal
 from scaler.sources import SourceError
 from scaler.workload import WorkloadSpec
-from tests.conftest import ref, synthetic
+from tests.conftest import DecisionLog, ref, synthetic
+
+STALL_RETRIES = 2  # runs repeated when a replica skipped a tick (see the test that uses it)
 
 
 def constant_replicas(peak: float, service: float, target: float) -> int:
@@ -273,31 +277,58 @@ async def test_health_and_reflection(start_server):
     assert "grpc.health.v1.Health" in services
 
 
-async def test_two_replicas_started_apart_give_the_same_answers(start_server):
-    """Warm start + wall-clock ticks: a replica that starts later agrees with one that ran."""
-    settings = ServerSettings(evaluation_interval_s=0.1, first_decision_timeout_s=5.0)
-    first, client_a = await start_server(Config(server=settings))
+def clean_until(decisions: list[Decision], interval: float) -> float:
+    """The last tick before the first one this replica skipped (a loop stalled past a tick
+    skips it), or infinity if it skipped none."""
+    ticks = sorted(d.at for d in decisions)
+    return next((a for a, b in itertools.pairwise(ticks) if b - a > 1.5 * interval), math.inf)
+
+
+async def test_two_replicas_started_apart_give_the_same_answers(
+    start_server, decision_log: DecisionLog
+):
+    """Warm start + wall-clock ticks: a replica that starts later agrees with one that ran, tick
+    for tick, as long as neither skipped a tick. (A loop stalled past a tick skips it, and its
+    windows then hold one decision fewer than a replica's that did not: the claim's documented
+    limit. A run where one did is repeated, at most STALL_RETRIES times.)"""
+    interval = 0.1
+    settings = ServerSettings(evaluation_interval_s=interval, first_decision_timeout_s=5.0)
+    period = 2.0
     metadata = synthetic(
         syntheticPattern="sine",
-        syntheticPeriodSeconds="2",
+        syntheticPeriodSeconds=f"{period:g}",
         syntheticPeakRps="40",
         scaleDownStabilizationSeconds="1.5",
     )
-    so = ref("sine", metadata)
-    await client_a.evaluate(so)
-    await asyncio.sleep(1.3)
-    second, client_b = await start_server(Config(server=settings))
-    await client_b.evaluate(so)
-    seen: dict[str, dict[float, int]] = {"a": {}, "b": {}}
-    for _ in range(60):
-        for label, server in (("a", first), ("b", second)):
-            for decision in server.engine.decisions():
-                seen[label][round(decision.at, 3)] = decision.replicas
-        await asyncio.sleep(0.05)
-    common = sorted(set(seen["a"]) & set(seen["b"]))
-    assert len(common) >= 10
-    assert {t: seen["a"][t] for t in common} == {t: seen["b"][t] for t in common}
-    assert len({seen["a"][t] for t in common}) > 1, "the load should have moved the target"
+    stalls: list[float] = []
+    for attempt in range(STALL_RETRIES + 1):
+        name = f"sine-{attempt}"
+        so = ref(name, metadata)
+        _, client_a = await start_server(Config(server=settings))
+        await client_a.evaluate(so)
+        await asyncio.sleep(1.3)
+        # The second starts while the load falls (the sine peaks at a quarter of its period):
+        # there the first holds a higher need in its window, which a replica that did not
+        # replay that window would not, so a warm start that lost its state fails this test.
+        for _ in range(400):  # at most 2 s: the period
+            if 0.3 <= (time.time() % period) / period < 0.4:
+                break
+            await asyncio.sleep(0.005)
+        _, client_b = await start_server(Config(server=settings))
+        await client_b.evaluate(so)
+        await asyncio.sleep(3.0)
+        groups = decision_log.by_publisher(name)
+        assert len(groups) == 2, [len(g) for g in groups]  # one Workload per server
+        until = min(clean_until(group, interval) for group in groups)
+        seen_a, seen_b = ({round(d.at, 3): d.replicas for d in group} for group in groups)
+        common = sorted(t for t in set(seen_a) & set(seen_b) if t <= until)
+        if len(common) >= 10:
+            break
+        stalls.append(until)
+    else:
+        pytest.skip(f"a replica skipped a tick in every run (last clean ticks: {stalls})")
+    assert {t: seen_a[t] for t in common} == {t: seen_b[t] for t in common}
+    assert len({seen_a[t] for t in common}) > 1, "the load should have moved the target"
 
 
 async def test_workload_loop_stops_when_no_longer_asked_and_restarts(start_server):
