@@ -250,11 +250,8 @@ async def test_open_loop_sends_at_the_traces_times_not_after_answers(
     # Not after answers: each request takes >= 0.46 s at the endpoint, and at least 4 arrived
     # within 0.4 s of each other (a closed loop has 1 in flight), stalled machine or not.
     assert max(int(np.sum((seen >= a) & (seen < a + 0.4))) for a in seen) >= 4, seen
-    # The send lags the generator reports are what the endpoint saw.
-    lags = np.array(t.send_lags_s)
-    assert np.allclose(seen, np.array(times) + lags - lags[0], atol=0.15), (seen, lags)
     # At the trace's times, unless this process's event loop itself stalled (a fresh-clone run
-    # saw every send after the first 0.76 s late, and the heartbeat would have too).
+    # saw every send after the first 0.76 s late; the heartbeat would have seen it too).
     if max(gaps, default=0.0) < 0.1:
         assert np.allclose(seen, times, atol=0.15), seen
         assert max(t.send_lags_s) < 0.15
