@@ -20,10 +20,10 @@ import argparse
 import math
 from dataclasses import replace
 
-import numpy as np
 from scaler.sim.command import first_windows
 from scaler.sim.policies import ReactiveBound, oracle_need, replica_slots
 from scaler.sim.profiles import DEFAULT_PROFILE, get_profile
+from scaler.sim.report import measure
 from scaler.sim.run import COMPANION, PolicyRun, SimConfig, run_bench, simulate
 from scaler.sim.workload import build_requests
 from scaler.traces import load_trace
@@ -32,10 +32,9 @@ CONV = "bench/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 
 
 def row(run: PolicyRun, oracle_gpu_s: float, slo_s: float) -> str:
-    wait = np.nan_to_num(run.queue_wait_s, nan=np.inf)
-    within = float(np.mean(wait <= slo_s))
+    m = measure(run, slo_s)  # the bench's own measures, as `scaler bench replay` prints them
     return (
-        f"| {run.name} | {within:.3f} | {run.gpu_seconds / 3600.0:.1f} "
+        f"| {run.name} | {m.slo_attainment:.3f} | {m.gpu_hours:.1f} "
         f"| {run.gpu_seconds / oracle_gpu_s:.2f}x | {run.ready.mean():.1f} |"
     )
 
