@@ -67,6 +67,8 @@ SOURCE_FAILURE_LOG_EVERY_S = 60.0  # a persisting source failure is logged at mo
 PHASE_SPREAD = 0.5  # phases cover [0, PHASE_SPREAD) of the interval (see the module docstring)
 PHASE_SLOTS = 50  # phases take one of this many values (see phase_of)
 REPLAY_SLICE_S = 0.001  # a warm start's replay gives the event loop a turn after this much CPU
+# Warm starts at once; the rest wait their turn in arrival order (see Engine._run).
+WARM_STARTS_AT_ONCE = 16
 WARM_START_CATCH_UPS = 3  # ticks passed during a warm start's replay are replayed, this often
 WorkloadKey = tuple[str, str, str]
 
@@ -339,6 +341,7 @@ class Engine:
         self._closing = False  # watchers end; loops keep answering unary calls
         self._stopped = False  # loops end (cancelled, and each checks this before every tick)
         self._turns = Turnstile()  # one evaluation per event-loop iteration (RPCs interleave)
+        self._warm_starts = asyncio.Semaphore(WARM_STARTS_AT_ONCE)  # FIFO (see _run)
 
     # --- what the RPCs call: memory only -----------------------------------------------------
 
@@ -416,7 +419,14 @@ class Engine:
     async def _run(self, key: WorkloadKey, workload: Workload) -> None:
         try:
             await self._turns.take()
-            await self._warm_start(workload)
+            # A burst of new workloads (a restart of this replica or of KEDA's operator, which
+            # asks about every ScaledObject at once) is CPU-bound replays. Sharing the CPU among
+            # all of them finishes every one at the end of the burst, after the callers' first-
+            # decision timeout (1,000 at once: none of the first decisions within 2 s); taking
+            # them WARM_STARTS_AT_ONCE at a time, in the order they came, finishes the first
+            # ones at once and the rest one by one. The history reads of those admitted overlap.
+            async with self._warm_starts:
+                await self._warm_start(workload)
             while not self._stopped:
                 server = self._store.current.server
                 interval = server.evaluation_interval_s

@@ -13,6 +13,8 @@ from itertools import pairwise
 
 import pytest
 
+from scaler import engine as engine_module
+from scaler.bench.load import trigger_metadata
 from scaler.cli import main
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
@@ -222,6 +224,49 @@ async def test_a_workload_ticks_at_its_phase_and_decides_at_once() -> None:
     # the latest at or before now), so gaps are whole intervals, never less than one.
     gaps = [(b - a) / interval for a, b in pairwise(sorted(ats))]
     assert all(g >= 1 - 1e-6 and g == pytest.approx(round(g), abs=1e-6) for g in gaps), gaps
+
+
+async def test_a_burst_of_new_workloads_gets_first_decisions_in_the_order_it_came(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """200 workloads new at once (a restart): the first ones touched get their first decision
+    after about one group of WARM_STARTS_AT_ONCE warm starts, not after all 200 replays shared
+    the CPU (then every caller waits for the whole burst, past firstDecisionTimeoutSeconds).
+    Counted in policy decisions made (a warm start is ~60), not in seconds."""
+    made = [0]
+    real_decide = engine_module.decide
+
+    def counted(*args: object, **kwargs: object) -> object:
+        made[0] += 1
+        return real_decide(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_module, "decide", counted)
+    group = 8
+    monkeypatch.setattr(engine_module, "WARM_STARTS_AT_ONCE", group)
+    store = ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=60.0)))
+    engine = Engine(store)
+    workloads = 200
+    triggers = [
+        parse_trigger(f"bench-{i % 10}", f"so-{i:05d}", trigger_metadata(i))
+        for i in range(workloads)
+    ]
+    made_before: dict[int, int] = {}
+
+    async def first(index: int) -> None:
+        await engine.decision(triggers[index])
+        made_before[index] = made[0]
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(first(i) for i in range(workloads))), 60)
+    finally:
+        await engine.close()
+    per_warm_start = made[0] / workloads
+    assert per_warm_start > 20  # replays happened (the count means something)
+    firsts = [made_before[i] for i in range(group)]
+    # In the order they came: the first group is done after about its own replays.
+    assert max(firsts) <= 2 * group * per_warm_start, (firsts, per_warm_start)
+    # And the last ones after nearly all of them.
+    assert made_before[workloads - 1] >= 0.8 * made[0]
 
 
 def test_tune_gc_freezes_the_start_up_heap_and_sets_the_thresholds() -> None:
