@@ -7,9 +7,12 @@ import asyncio
 import gc
 import json
 import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 
@@ -278,3 +281,23 @@ def test_tune_gc_freezes_the_start_up_heap_and_sets_the_thresholds() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_warm_start_burst_bench_prints_both_runs() -> None:
+    """bench/warm_start_burst.py (figures in the README) runs and prints both rows and the
+    ratios; the figures themselves are for the README, not asserted."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "warm_start_burst.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--workloads", "40"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("40 new workloads at once")
+    rows = {line.split()[0] + line.split()[1]: line.split()[2:] for line in lines[2:4]}
+    assert set(rows) == {"atonce", "inorder"}
+    assert all(int(row[0]) <= 40 for row in rows.values())  # first decisions within 2 s
+    assert lines[4].startswith("in order / at once: p50 ")
