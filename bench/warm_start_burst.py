@@ -25,18 +25,13 @@ import asyncio
 import time
 
 from scaler import engine as engine_module
-from scaler.bench.load import trigger_metadata
+from scaler.bench.load import quantile, trigger_metadata
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
 from scaler.engine import Engine
 from scaler.trigger import TriggerCache
 
 WAIT_S = 60.0  # the runs' own first-decision timeout: long enough to see every one finish
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def burst(workloads: int, at_once: int) -> list[float]:
