@@ -419,14 +419,7 @@ class Engine:
     async def _run(self, key: WorkloadKey, workload: Workload) -> None:
         try:
             await self._turns.take()
-            # A burst of new workloads (a restart of this replica or of KEDA's operator, which
-            # asks about every ScaledObject at once) is CPU-bound replays. Sharing the CPU among
-            # all of them finishes every one at the end of the burst, after the callers' first-
-            # decision timeout (1,000 at once: none of the first decisions within 2 s); taking
-            # them WARM_STARTS_AT_ONCE at a time, in the order they came, finishes the first
-            # ones at once and the rest one by one. The history reads of those admitted overlap.
-            async with self._warm_starts:
-                await self._warm_start(workload)
+            await self._warm_start(workload)
             while not self._stopped:
                 server = self._store.current.server
                 interval = server.evaluation_interval_s
@@ -506,29 +499,38 @@ class Engine:
             return
         stale = self._store.current.server.stale_target_s
         state = workload.state
-        with workload.replaying():
-            # A replay is tens of decisions (ms of CPU): it takes turns in slices, so it holds
-            # the event loop, and the RPCs waiting on it, for REPLAY_SLICE_S at a time.
-            slice_end = time.perf_counter() + REPLAY_SLICE_S
-            for _catch_up in range(WARM_START_CATCH_UPS + 1):
-                for signal in history:
-                    if time.perf_counter() >= slice_end:
-                        await self._turns.take()
-                        slice_end = time.perf_counter() + REPLAY_SLICE_S
-                    decision, state = decide(
-                        spec, signal, state, signal.at, stale, outlook=workload.outlook(spec)
-                    )
-                    workload.learn(spec, signal.at, decision)
-                # A tick that passed during the replay is replayed too, as a running replica
-                # evaluated it: the first live tick is then the one after it.
-                later = tick_at_or_before(self._clock(), interval, workload.phase)
-                if later <= end + TICK_TOLERANCE_S:
-                    break
-                try:
-                    history = await source.history(spec, end, later, fine_step)
-                except (SourceError, TimeoutError):
-                    break
-                end = later
+        # A burst of new workloads (a restart of this replica, or of KEDA's operator, which asks
+        # about every ScaledObject as it reconciles them) is a burst of CPU-bound replays.
+        # Sharing the CPU among all of them finishes every one at the end of the burst, past the
+        # callers' first-decision timeout (1,000 at once: no first decision within 2 s); taking
+        # them WARM_STARTS_AT_ONCE at a time, in the order they came, finishes the first ones at
+        # once and the rest one after another. Only the replay waits its turn: the history reads
+        # above overlap (a backend that times out must not hold the queue), and a catch-up's
+        # short read below keeps the turn (at the back of the queue it would fall further back).
+        async with self._warm_starts:
+            with workload.replaying():
+                # A replay is tens of decisions (ms of CPU): it takes turns in slices, so it holds
+                # the event loop, and the RPCs waiting on it, for REPLAY_SLICE_S at a time.
+                slice_end = time.perf_counter() + REPLAY_SLICE_S
+                for _catch_up in range(WARM_START_CATCH_UPS + 1):
+                    for signal in history:
+                        if time.perf_counter() >= slice_end:
+                            await self._turns.take()
+                            slice_end = time.perf_counter() + REPLAY_SLICE_S
+                        decision, state = decide(
+                            spec, signal, state, signal.at, stale, outlook=workload.outlook(spec)
+                        )
+                        workload.learn(spec, signal.at, decision)
+                    # A tick that passed during the replay is replayed too, as a running replica
+                    # evaluated it: the first live tick is then the one after it.
+                    later = tick_at_or_before(self._clock(), interval, workload.phase)
+                    if later <= end + TICK_TOLERANCE_S:
+                        break
+                    try:
+                        history = await source.history(spec, end, later, fine_step)
+                    except (SourceError, TimeoutError):
+                        break
+                    end = later
         workload.state = state
 
     async def _evaluate(self, workload: Workload, at: float) -> None:

@@ -31,7 +31,10 @@ from scaler.engine import (
     tick_at_or_before,
 )
 from scaler.server import GC_THRESHOLDS, tune_gc
+from scaler.signals import Signal
+from scaler.sources.synthetic import SyntheticSource
 from scaler.trigger import parse_trigger
+from scaler.workload import WorkloadSpec
 from tests.conftest import synthetic
 
 SUMMARY_KEYS = {"p50_ms", "p99_ms", "calls_per_s", "errors", "server_cpu_s"}
@@ -270,6 +273,53 @@ async def test_a_burst_of_new_workloads_gets_first_decisions_in_the_order_it_cam
     assert max(firsts) <= 2 * group * per_warm_start, (firsts, per_warm_start)
     # And the last ones after nearly all of them.
     assert made_before[workloads - 1] >= 0.8 * made[0]
+
+
+class SlowHistorySource:
+    """The synthetic source, except that history for the ScaledObjects named `slow-*` waits
+    until released (a backend timing out during a restart)."""
+
+    def __init__(self) -> None:
+        self.synthetic = SyntheticSource()
+        self.release = asyncio.Event()
+
+    async def read(self, spec: WorkloadSpec, at: float) -> Signal:
+        return await self.synthetic.read(spec, at)
+
+    async def history(
+        self, spec: WorkloadSpec, start: float, end: float, step: float
+    ) -> list[Signal]:
+        if spec.trigger.name.startswith("slow-"):
+            await self.release.wait()
+        return await self.synthetic.history(spec, start, end, step)
+
+
+async def test_a_warm_start_whose_history_read_hangs_does_not_hold_up_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Warm starts wait their turn for the replay only: history reads that hang (more of them
+    than WARM_STARTS_AT_ONCE) leave the other workloads' first decisions to come."""
+    monkeypatch.setattr(engine_module, "WARM_STARTS_AT_ONCE", 2)
+    source = SlowHistorySource()
+    engine = Engine(
+        ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=30.0))),
+        sources=lambda _: source,
+    )
+    slow = [parse_trigger("team-a", f"slow-{i}", trigger_metadata(i)) for i in range(3)]
+    fast = [parse_trigger("team-a", f"fast-{i}", trigger_metadata(i)) for i in range(5)]
+    for trigger in slow:
+        engine.touch(trigger)
+    await asyncio.sleep(0.05)  # the slow ones are first in line
+    try:
+        decisions = await asyncio.wait_for(asyncio.gather(*(engine.decision(t) for t in fast)), 10)
+        assert all(d.replicas >= 1 for d in decisions)
+        assert not any(engine.touch(t).first.is_set() for t in slow)  # still reading
+        source.release.set()
+        later = await asyncio.wait_for(asyncio.gather(*(engine.decision(t) for t in slow)), 10)
+        assert all(d.replicas >= 1 for d in later)
+    finally:
+        source.release.set()
+        await engine.close()
 
 
 def test_tune_gc_freezes_the_start_up_heap_and_sets_the_thresholds() -> None:
