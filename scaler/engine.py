@@ -67,7 +67,7 @@ SOURCE_FAILURE_LOG_EVERY_S = 60.0  # a persisting source failure is logged at mo
 PHASE_SPREAD = 0.5  # phases cover [0, PHASE_SPREAD) of the interval (see the module docstring)
 PHASE_SLOTS = 50  # phases take one of this many values (see phase_of)
 REPLAY_SLICE_S = 0.001  # a warm start's replay gives the event loop a turn after this much CPU
-# Warm starts at once; the rest wait their turn in arrival order (see Engine._run).
+# Warm-start replays at once; the rest wait their turn in arrival order (Engine._warm_start).
 WARM_STARTS_AT_ONCE = 16
 WARM_START_CATCH_UPS = 3  # ticks passed during a warm start's replay are replayed, this often
 WorkloadKey = tuple[str, str, str]
@@ -341,7 +341,7 @@ class Engine:
         self._closing = False  # watchers end; loops keep answering unary calls
         self._stopped = False  # loops end (cancelled, and each checks this before every tick)
         self._turns = Turnstile()  # one evaluation per event-loop iteration (RPCs interleave)
-        self._warm_starts = asyncio.Semaphore(WARM_STARTS_AT_ONCE)  # FIFO (see _run)
+        self._warm_starts = asyncio.Semaphore(WARM_STARTS_AT_ONCE)  # FIFO (see _warm_start)
 
     # --- what the RPCs call: memory only -----------------------------------------------------
 
