@@ -37,9 +37,10 @@ import math
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from enum import Enum
+from typing import Any, TypeVar
 
 from scaler import telemetry
 from scaler.config_watch import ConfigStore
@@ -54,11 +55,13 @@ from scaler.policy import (
     hold,
     policy_memory_s,
 )
+from scaler.signals import Signal
 from scaler.sources import Source, SourceError, Sources
 from scaler.trigger import TriggerSpec
 from scaler.workload import ResolveError, WorkloadSpec, resolve
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HISTORY_MAX_POINTS = 2400  # per range query; Prometheus allows 11,000
 FORECAST_MEMORY_BINS = 120  # the forecaster's error memory (weights down to 1/100) and warm-up
@@ -69,6 +72,7 @@ PHASE_SLOTS = 50  # phases take one of this many values (see phase_of)
 REPLAY_SLICE_S = 0.001  # a warm start's replay gives the event loop a turn after this much CPU
 # Warm-start replays at once; the rest wait their turn in arrival order (Engine._warm_start).
 WARM_STARTS_AT_ONCE = 16
+HISTORY_PATIENCE_S = 1.0  # a warm start's history read slower than this gives its turn back
 WARM_START_CATCH_UPS = 3  # ticks passed during a warm start's replay are replayed, this often
 WorkloadKey = tuple[str, str, str]
 
@@ -230,6 +234,40 @@ class Turnstile:
             loop.call_soon(self._grant, loop)  # the next turn in the next iteration
         else:
             self._granting = False
+
+
+class WarmStartTurn:
+    """One admission to the warm starts' queue (a FIFO semaphore), given back at most once: at
+    the end, or early by `patiently` when a read outlasts its patience."""
+
+    def __init__(self, queue: asyncio.Semaphore) -> None:
+        self._queue = queue
+        self.held = False
+
+    async def __aenter__(self) -> WarmStartTurn:
+        await self._queue.acquire()
+        self.held = True
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.give_back()
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self._queue.release()
+
+    async def patiently(self, read: Coroutine[Any, Any, T], patience_s: float) -> T:
+        """`read`'s result; if it takes longer than `patience_s`, the turn is given back while
+        it goes on (the read itself is never cut short here; its own timeouts apply)."""
+        task = asyncio.ensure_future(read)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=patience_s)
+            if not done:
+                self.give_back()
+            return await task
+        finally:
+            task.cancel()  # a no-op once done; ends the read if this warm start is cancelled
 
 
 class Workload:
@@ -477,40 +515,45 @@ class Engine:
             spec = self._spec(workload)
         except NoDecisionError:
             return
-        interval = self._store.current.server.evaluation_interval_s
-        end = tick_at_or_before(self._clock(), interval, workload.phase)
-        # The fine part, tick for tick, covers all the policy remembers exactly: the
-        # stabilization window, replicas asked within the horizon, and panic's windows.
-        fine_start, fine_step = _segment(end, policy_memory_s(spec), interval)
-        # The older part covers the idle window and, with forecasting on, the forecaster's memory
-        # (its error window plus a horizon of bins), so a late replica's outlook matches.
-        memory = spec.scale_to_zero_idle_s
-        if spec.forecast:
-            bins = FORECAST_MEMORY_BINS + math.ceil(spec.horizon_s / spec.forecast_step_s)
-            memory = max(memory, min(FORECAST_WARMUP_MAX_S, bins * spec.forecast_step_s))
-        older = max(0.0, memory - (end - fine_start))
-        coarse_start, coarse_step = _segment(fine_start, older, interval)
-        try:
-            source = self._source_for(spec)
-            history = await source.history(spec, coarse_start, fine_start, coarse_step)
-            history += await source.history(spec, fine_start, end, fine_step)
-        except (SourceError, TimeoutError) as exc:
-            log.warning("no history for warm start: %s", exc, extra={"workload": spec.workload})
-            return
-        stale = self._store.current.server.stale_target_s
-        state = workload.state
         # A burst of new workloads (a restart of this replica, or of KEDA's operator, which asks
-        # about every ScaledObject as it reconciles them) is a burst of CPU-bound replays.
+        # about every ScaledObject as it reconciles them) is a burst of replays, CPU-bound.
         # Sharing the CPU among all of them finishes every one at the end of the burst, past the
         # callers' first-decision timeout (1,000 at once: no first decision within 2 s); taking
         # them WARM_STARTS_AT_ONCE at a time, in the order they came, finishes the first ones at
-        # once and the rest one after another. Only the replay waits its turn: the history reads
-        # above overlap (a backend that times out must not hold the queue), and a catch-up's
-        # short read below keeps the turn (at the back of the queue it would fall further back).
-        async with self._warm_starts:
+        # once and the rest one after another, and bounds the history reads in flight. A read
+        # slower than HISTORY_PATIENCE_S (a backend timing out) gives its turn back, so it
+        # does not hold the queue; its workload then replays without one.
+        async with WarmStartTurn(self._warm_starts) as turn:
+            interval = self._store.current.server.evaluation_interval_s
+            end = tick_at_or_before(self._clock(), interval, workload.phase)
+            # The fine part, tick for tick, covers all the policy remembers exactly: the
+            # stabilization window, replicas asked within the horizon, and panic's windows.
+            fine_start, fine_step = _segment(end, policy_memory_s(spec), interval)
+            # The older part covers the idle window and, with forecasting on, the forecaster's
+            # memory (its error window plus a horizon of bins), so a late replica's outlook
+            # matches.
+            memory = spec.scale_to_zero_idle_s
+            if spec.forecast:
+                bins = FORECAST_MEMORY_BINS + math.ceil(spec.horizon_s / spec.forecast_step_s)
+                memory = max(memory, min(FORECAST_WARMUP_MAX_S, bins * spec.forecast_step_s))
+            older = max(0.0, memory - (end - fine_start))
+            coarse_start, coarse_step = _segment(fine_start, older, interval)
+            source = self._source_for(spec)
+
+            async def read() -> list[Signal]:
+                history = await source.history(spec, coarse_start, fine_start, coarse_step)
+                return history + await source.history(spec, fine_start, end, fine_step)
+
+            try:
+                history = await turn.patiently(read(), HISTORY_PATIENCE_S)
+            except (SourceError, TimeoutError) as exc:
+                log.warning("no history for warm start: %s", exc, extra={"workload": spec.workload})
+                return
+            stale = self._store.current.server.stale_target_s
+            state = workload.state
             with workload.replaying():
-                # A replay is tens of decisions (ms of CPU): it takes turns in slices, so it holds
-                # the event loop, and the RPCs waiting on it, for REPLAY_SLICE_S at a time.
+                # A replay is tens of decisions (ms of CPU): it takes turns in slices, so it
+                # holds the event loop, and the RPCs waiting on it, for REPLAY_SLICE_S at a time.
                 slice_end = time.perf_counter() + REPLAY_SLICE_S
                 for _catch_up in range(WARM_START_CATCH_UPS + 1):
                     for signal in history:
@@ -531,7 +574,7 @@ class Engine:
                     except (SourceError, TimeoutError):
                         break
                     end = later
-        workload.state = state
+            workload.state = state
 
     async def _evaluate(self, workload: Workload, at: float) -> None:
         stale = self._store.current.server.stale_target_s

@@ -297,8 +297,9 @@ class SlowHistorySource:
 async def test_a_warm_start_whose_history_read_hangs_does_not_hold_up_the_others(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Warm starts wait their turn for the replay only: history reads that hang (more of them
-    than WARM_STARTS_AT_ONCE) leave the other workloads' first decisions to come."""
+    """A history read slower than HISTORY_PATIENCE_S gives its warm-start turn back: reads that
+    hang (more of them than WARM_STARTS_AT_ONCE) leave the other workloads' first decisions to
+    come, and the hanging ones still warm-start once their reads return."""
     monkeypatch.setattr(engine_module, "WARM_STARTS_AT_ONCE", 2)
     source = SlowHistorySource()
     engine = Engine(
