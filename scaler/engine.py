@@ -549,32 +549,46 @@ class Engine:
             except (SourceError, TimeoutError) as exc:
                 log.warning("no history for warm start: %s", exc, extra={"workload": spec.workload})
                 return
-            stale = self._store.current.server.stale_target_s
-            state = workload.state
-            with workload.replaying():
-                # A replay is tens of decisions (ms of CPU): it takes turns in slices, so it
-                # holds the event loop, and the RPCs waiting on it, for REPLAY_SLICE_S at a time.
-                slice_end = time.perf_counter() + REPLAY_SLICE_S
-                for _catch_up in range(WARM_START_CATCH_UPS + 1):
-                    for signal in history:
-                        if time.perf_counter() >= slice_end:
-                            await self._turns.take()
-                            slice_end = time.perf_counter() + REPLAY_SLICE_S
-                        decision, state = decide(
-                            spec, signal, state, signal.at, stale, outlook=workload.outlook(spec)
-                        )
-                        workload.learn(spec, signal.at, decision)
-                    # A tick that passed during the replay is replayed too, as a running replica
-                    # evaluated it: the first live tick is then the one after it.
-                    later = tick_at_or_before(self._clock(), interval, workload.phase)
-                    if later <= end + TICK_TOLERANCE_S:
-                        break
-                    try:
-                        history = await source.history(spec, end, later, fine_step)
-                    except (SourceError, TimeoutError):
-                        break
-                    end = later
-            workload.state = state
+            await self._replay(workload, spec, source, history, end, interval, fine_step)
+
+    async def _replay(
+        self,
+        workload: Workload,
+        spec: WorkloadSpec,
+        source: Source,
+        history: list[Signal],
+        end: float,
+        interval: float,
+        step: float,
+    ) -> None:
+        """Feed `history` (up to the tick `end`) through the policy, then the ticks that passed
+        meanwhile (at most WARM_START_CATCH_UPS more reads), as a running replica decided them."""
+        stale = self._store.current.server.stale_target_s
+        state = workload.state
+        with workload.replaying():
+            # A replay is tens of decisions (ms of CPU): it takes turns in slices, so it holds
+            # the event loop, and the RPCs waiting on it, for REPLAY_SLICE_S at a time.
+            slice_end = time.perf_counter() + REPLAY_SLICE_S
+            for _catch_up in range(WARM_START_CATCH_UPS + 1):
+                for signal in history:
+                    if time.perf_counter() >= slice_end:
+                        await self._turns.take()
+                        slice_end = time.perf_counter() + REPLAY_SLICE_S
+                    decision, state = decide(
+                        spec, signal, state, signal.at, stale, outlook=workload.outlook(spec)
+                    )
+                    workload.learn(spec, signal.at, decision)
+                # A tick that passed during the replay is replayed too, as a running replica
+                # evaluated it: the first live tick is then the one after it.
+                later = tick_at_or_before(self._clock(), interval, workload.phase)
+                if later <= end + TICK_TOLERANCE_S:
+                    break
+                try:
+                    history = await source.history(spec, end, later, step)
+                except (SourceError, TimeoutError):
+                    break
+                end = later
+        workload.state = state
 
     async def _evaluate(self, workload: Workload, at: float) -> None:
         stale = self._store.current.server.stale_target_s
