@@ -24,11 +24,10 @@ import argparse
 import asyncio
 import time
 
-from scaler import engine as engine_module
 from scaler.bench.load import quantile, trigger_metadata
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
-from scaler.engine import Engine
+from scaler.engine import WARM_STARTS_AT_ONCE, Engine
 from scaler.trigger import TriggerCache
 
 WAIT_S = 60.0  # the runs' own first-decision timeout: long enough to see every one finish
@@ -37,13 +36,8 @@ WAIT_S = 60.0  # the runs' own first-decision timeout: long enough to see every 
 async def burst(workloads: int, at_once: int) -> list[float]:
     """Seconds from the burst to each workload's first decision, with `at_once` warm starts
     admitted together."""
-    saved = engine_module.WARM_STARTS_AT_ONCE
-    engine_module.WARM_STARTS_AT_ONCE = at_once
-    try:
-        store = ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=WAIT_S)))
-        engine = Engine(store)
-    finally:
-        engine_module.WARM_STARTS_AT_ONCE = saved
+    store = ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=WAIT_S)))
+    engine = Engine(store, warm_starts_at_once=at_once)
     triggers = TriggerCache()
     specs = [
         triggers.parse(f"bench-{i % 10}", f"so-{i:05d}", trigger_metadata(i))
@@ -68,11 +62,11 @@ def main() -> None:
     args = parser.parse_args()
     runs = {
         "at once": asyncio.run(burst(args.workloads, args.workloads)),
-        "in order": asyncio.run(burst(args.workloads, engine_module.WARM_STARTS_AT_ONCE)),
+        "in order": asyncio.run(burst(args.workloads, WARM_STARTS_AT_ONCE)),
     }
     print(
         f"{args.workloads} new workloads at once; warm starts in order: "
-        f"{engine_module.WARM_STARTS_AT_ONCE} at a time"
+        f"{WARM_STARTS_AT_ONCE} at a time"
     )
     print(
         f"{'':>10} {'within ' + format(args.timeout, 'g') + ' s':>12} {'p50 s':>8} "

@@ -70,7 +70,8 @@ SOURCE_FAILURE_LOG_EVERY_S = 60.0  # a persisting source failure is logged at mo
 PHASE_SPREAD = 0.5  # phases cover [0, PHASE_SPREAD) of the interval (see the module docstring)
 PHASE_SLOTS = 50  # phases take one of this many values (see phase_of)
 REPLAY_SLICE_S = 0.001  # a warm start's replay gives the event loop a turn after this much CPU
-# Warm-start replays at once; the rest wait their turn in arrival order (Engine._warm_start).
+# Warm-start replays at once by default; the rest wait their turn in arrival order
+# (Engine._warm_start; Engine(warm_starts_at_once=...)).
 WARM_STARTS_AT_ONCE = 16
 HISTORY_PATIENCE_S = 1.0  # a warm start's history read slower than this gives its turn back
 WARM_START_CATCH_UPS = 3  # ticks passed during a warm start's replay are replayed, this often
@@ -369,7 +370,12 @@ class Engine:
         sources: Callable[[WorkloadSpec], Source] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        warm_starts_at_once: int = WARM_STARTS_AT_ONCE,
     ) -> None:
+        """`warm_starts_at_once`: replays admitted together (see `_warm_start`); a bench or a test
+        sets it here rather than patching the module's default."""
+        if warm_starts_at_once < 1:
+            raise ValueError(f"warm_starts_at_once: at least 1, got {warm_starts_at_once}")
         self._store = store
         self._source_for = sources if sources is not None else Sources()
         self._clock = clock
@@ -379,7 +385,7 @@ class Engine:
         self._closing = False  # watchers end; loops keep answering unary calls
         self._stopped = False  # loops end (cancelled, and each checks this before every tick)
         self._turns = Turnstile()  # one evaluation per event-loop iteration (RPCs interleave)
-        self._warm_starts = asyncio.Semaphore(WARM_STARTS_AT_ONCE)  # FIFO (see _warm_start)
+        self._warm_starts = asyncio.Semaphore(warm_starts_at_once)  # FIFO (see _warm_start)
 
     # --- what the RPCs call: memory only -----------------------------------------------------
 

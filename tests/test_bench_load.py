@@ -248,9 +248,8 @@ async def test_a_burst_of_new_workloads_gets_first_decisions_in_the_order_it_cam
 
     monkeypatch.setattr(engine_module, "decide", counted)
     group = 8
-    monkeypatch.setattr(engine_module, "WARM_STARTS_AT_ONCE", group)
     store = ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=60.0)))
-    engine = Engine(store)
+    engine = Engine(store, warm_starts_at_once=group)
     workloads = 200
     triggers = [
         parse_trigger(f"bench-{i % 10}", f"so-{i:05d}", trigger_metadata(i))
@@ -275,6 +274,11 @@ async def test_a_burst_of_new_workloads_gets_first_decisions_in_the_order_it_cam
     assert made_before[workloads - 1] >= 0.8 * made[0]
 
 
+def test_warm_starts_at_once_below_one_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="warm_starts_at_once: at least 1, got 0"):
+        Engine(ConfigStore(Config()), warm_starts_at_once=0)
+
+
 class SlowHistorySource:
     """The synthetic source, except that history for the ScaledObjects named `slow-*` waits
     until released (a backend timing out during a restart)."""
@@ -294,17 +298,15 @@ class SlowHistorySource:
         return await self.synthetic.history(spec, start, end, step)
 
 
-async def test_a_warm_start_whose_history_read_hangs_does_not_hold_up_the_others(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_warm_start_whose_history_read_hangs_does_not_hold_up_the_others() -> None:
     """A history read slower than HISTORY_PATIENCE_S gives its warm-start turn back: reads that
     hang (more of them than WARM_STARTS_AT_ONCE) leave the other workloads' first decisions to
     come, and the hanging ones still warm-start once their reads return."""
-    monkeypatch.setattr(engine_module, "WARM_STARTS_AT_ONCE", 2)
     source = SlowHistorySource()
     engine = Engine(
         ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=30.0))),
         sources=lambda _: source,
+        warm_starts_at_once=2,
     )
     slow = [parse_trigger("team-a", f"slow-{i}", trigger_metadata(i)) for i in range(3)]
     fast = [parse_trigger("team-a", f"fast-{i}", trigger_metadata(i)) for i in range(5)]
