@@ -206,8 +206,11 @@ def observe_service_time(
 
 def steady_service_time(seen: tuple[tuple[int, float, int], ...]) -> float | None:
     """The mean loaded S over the window's ticks, or None if none knew it."""
-    ticks = sum(b[2] for b in seen)
-    return sum(b[1] for b in seen) / ticks if ticks else None
+    total, ticks = 0.0, 0
+    for _bucket, s_sum, s_ticks in seen:  # one pass, no generators: it runs on every decision
+        total += s_sum
+        ticks += s_ticks
+    return total / ticks if ticks else None
 
 
 def observe_queue(

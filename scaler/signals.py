@@ -39,10 +39,10 @@ class Signal:
     @property
     def busy(self) -> bool | None:
         """Anything in flight or arriving; None when nothing tells."""
-        known = [v for v in (self.in_flight, self.arrival_rate) if v is not None]
-        if not known:
+        in_flight, rate = self.in_flight, self.arrival_rate
+        if in_flight is None and rate is None:
             return None
-        return any(v > 0 for v in known)
+        return (in_flight is not None and in_flight > 0) or (rate is not None and rate > 0)
 
     @classmethod
     def from_values(
