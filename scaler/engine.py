@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from scaler import telemetry
 from scaler.config_watch import ConfigStore
@@ -125,6 +125,40 @@ def _segment(end: float, span: float, interval: float) -> tuple[float, float]:
     HISTORY_MAX_POINTS points."""
     step = interval * max(1, math.ceil(span / interval / HISTORY_MAX_POINTS))
     return end - math.ceil(span / step) * step, step
+
+
+class Segment(NamedTuple):
+    """A tick-aligned grid of history: start, start + step, ... < end."""
+
+    start: float
+    end: float
+    step: float
+
+
+def history_segments(spec: WorkloadSpec, end: float, interval: float) -> tuple[Segment, Segment]:
+    """What a warm start replays up to the tick `end`, older part first. The fine part, tick for
+    tick, covers all the policy remembers exactly: the stabilization window, replicas asked
+    within the horizon, and panic's windows. The older part, on a coarser grid, covers the idle
+    window and, with forecasting on, the forecaster's memory (its error window plus a horizon
+    of bins), so a late replica's outlook matches."""
+    fine_start, fine_step = _segment(end, policy_memory_s(spec), interval)
+    memory = spec.scale_to_zero_idle_s
+    if spec.forecast:
+        bins = FORECAST_MEMORY_BINS + math.ceil(spec.horizon_s / spec.forecast_step_s)
+        memory = max(memory, min(FORECAST_WARMUP_MAX_S, bins * spec.forecast_step_s))
+    older = max(0.0, memory - (end - fine_start))
+    coarse_start, coarse_step = _segment(fine_start, older, interval)
+    return Segment(coarse_start, fine_start, coarse_step), Segment(fine_start, end, fine_step)
+
+
+async def read_history(
+    source: Source, spec: WorkloadSpec, segments: tuple[Segment, ...]
+) -> list[Signal]:
+    """The segments' signals, in order."""
+    history: list[Signal] = []
+    for segment in segments:
+        history += await source.history(spec, segment.start, segment.end, segment.step)
+    return history
 
 
 class Fault(Enum):
@@ -532,30 +566,16 @@ class Engine:
         async with WarmStartTurn(self._warm_starts) as turn:
             interval = self._store.current.server.evaluation_interval_s
             end = tick_at_or_before(self._clock(), interval, workload.phase)
-            # The fine part, tick for tick, covers all the policy remembers exactly: the
-            # stabilization window, replicas asked within the horizon, and panic's windows.
-            fine_start, fine_step = _segment(end, policy_memory_s(spec), interval)
-            # The older part covers the idle window and, with forecasting on, the forecaster's
-            # memory (its error window plus a horizon of bins), so a late replica's outlook
-            # matches.
-            memory = spec.scale_to_zero_idle_s
-            if spec.forecast:
-                bins = FORECAST_MEMORY_BINS + math.ceil(spec.horizon_s / spec.forecast_step_s)
-                memory = max(memory, min(FORECAST_WARMUP_MAX_S, bins * spec.forecast_step_s))
-            older = max(0.0, memory - (end - fine_start))
-            coarse_start, coarse_step = _segment(fine_start, older, interval)
+            segments = history_segments(spec, end, interval)
             source = self._source_for(spec)
-
-            async def read() -> list[Signal]:
-                history = await source.history(spec, coarse_start, fine_start, coarse_step)
-                return history + await source.history(spec, fine_start, end, fine_step)
-
             try:
-                history = await turn.patiently(read(), HISTORY_PATIENCE_S)
+                history = await turn.patiently(
+                    read_history(source, spec, segments), HISTORY_PATIENCE_S
+                )
             except (SourceError, TimeoutError) as exc:
                 log.warning("no history for warm start: %s", exc, extra={"workload": spec.workload})
                 return
-            await self._replay(workload, spec, source, history, end, interval, fine_step)
+            await self._replay(workload, spec, source, history, end, interval, segments[-1].step)
 
     async def _replay(
         self,
