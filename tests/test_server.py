@@ -333,13 +333,17 @@ async def test_two_replicas_started_apart_give_the_same_answers(
 
 async def test_workload_loop_stops_when_no_longer_asked_and_restarts(start_server):
     settings = ServerSettings(
-        evaluation_interval_s=0.05, workload_idle_timeout_s=0.3, first_decision_timeout_s=5.0
+        # idle 1 s, not less: a warm start slower than the idle timeout (a saturated 2-core
+        # runner) ends the loop before its first decision, and the call gets "no data"
+        evaluation_interval_s=0.05,
+        workload_idle_timeout_s=1.0,
+        first_decision_timeout_s=5.0,
     )
     server, client = await start_server(Config(server=settings))
     so = ref("llama", synthetic())
     await client.evaluate(so)
     assert len(server.engine) == 1
-    for _ in range(60):
+    for _ in range(120):
         if len(server.engine) == 0:
             break
         await asyncio.sleep(0.05)
