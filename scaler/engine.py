@@ -505,7 +505,11 @@ class Engine:
                 tick = next_tick(now, workload.last_tick, interval, workload.phase)
                 if tick > now:
                     await asyncio.sleep(max(0.0, tick - self._clock()))
-                if self._monotonic() - workload.last_asked > server.workload_idle_timeout_s:
+                # Idle only after a first decision: a warm start slower than the idle timeout
+                # (a backend slow to answer its history) must not end the loop that a caller
+                # is waiting on, with "no data" instead of a target.
+                idle = self._monotonic() - workload.last_asked > server.workload_idle_timeout_s
+                if idle and workload.last_tick is not None:
                     log.info(
                         "workload no longer asked for; loop stopped",
                         extra={"workload": key[0] + "/" + key[1]},

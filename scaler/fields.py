@@ -628,7 +628,8 @@ FIELDS: tuple[Field, ...] = (
         real(1, 86400),
         900.0,
         "a number of seconds from 1 to 86400",
-        "A workload's loop stops when KEDA has not asked about it for this long.",
+        "A workload's loop stops when KEDA has not asked about it for this long, counted "
+        "once the loop has made its first decision.",
     ),
     Field(
         "staleTargetSeconds",

@@ -333,8 +333,6 @@ async def test_two_replicas_started_apart_give_the_same_answers(
 
 async def test_workload_loop_stops_when_no_longer_asked_and_restarts(start_server):
     settings = ServerSettings(
-        # idle 1 s, not less: a warm start slower than the idle timeout (a saturated 2-core
-        # runner) ends the loop before its first decision, and the call gets "no data"
         evaluation_interval_s=0.05,
         workload_idle_timeout_s=1.0,
         first_decision_timeout_s=5.0,
@@ -368,6 +366,39 @@ class FlakySource:
         self, spec: WorkloadSpec, start: float, end: float, step: float
     ) -> list[Signal]:
         return []
+
+
+class SlowHistorySource(FlakySource):
+    """Live reads answer at once; the history for the warm start takes `history_s`."""
+
+    def __init__(self, history_s: float) -> None:
+        super().__init__()
+        self.history_s = history_s
+
+    async def history(
+        self, spec: WorkloadSpec, start: float, end: float, step: float
+    ) -> list[Signal]:
+        await asyncio.sleep(self.history_s)
+        return []
+
+
+async def test_a_warm_start_slower_than_the_idle_timeout_still_answers_the_caller(start_server):
+    # The caller asked once and waits; the warm start outlasts workloadIdleTimeoutSeconds. The
+    # loop must make its first decision before it can count as idle (it used to end with
+    # UNAVAILABLE "no data"), then stop once nobody asks.
+    settings = ServerSettings(
+        evaluation_interval_s=0.05, workload_idle_timeout_s=0.2, first_decision_timeout_s=5.0
+    )
+    store = ConfigStore(Config(server=settings))
+    source = SlowHistorySource(history_s=0.6)
+    server, client = await start_server(store=store, engine=Engine(store, sources=lambda _: source))
+    so = ref("llama", synthetic())
+    assert (await client.evaluate(so)).value == 5.0  # 40 in flight / 8
+    for _ in range(100):
+        if len(server.engine) == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert len(server.engine) == 0
 
 
 async def wait_for_value(client, so, expected: float, seconds: float = 3.0) -> None:
