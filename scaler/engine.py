@@ -154,11 +154,18 @@ def history_segments(spec: WorkloadSpec, end: float, interval: float) -> tuple[S
 async def read_history(
     source: Source, spec: WorkloadSpec, segments: tuple[Segment, ...]
 ) -> list[Signal]:
-    """The segments' signals, in order."""
-    history: list[Signal] = []
-    for segment in segments:
-        history += await source.history(spec, segment.start, segment.end, segment.step)
-    return history
+    """The segments' signals, in order. The segments are read at once (a warm start waits for
+    one round trip, not one per segment); if one read fails, the others are cancelled."""
+    reads = [
+        asyncio.ensure_future(source.history(spec, segment.start, segment.end, segment.step))
+        for segment in segments
+    ]
+    try:
+        parts = await asyncio.gather(*reads)
+    finally:
+        for read in reads:
+            read.cancel()  # a no-op once done
+    return [signal for part in parts for signal in part]
 
 
 class Fault(Enum):
@@ -597,8 +604,10 @@ class Engine:
         state = workload.state
         with workload.replaying():
             # A replay is tens of decisions (ms of CPU): it takes turns in slices, so it holds
-            # the event loop, and the RPCs waiting on it, for REPLAY_SLICE_S at a time.
-            slice_end = time.perf_counter() + REPLAY_SLICE_S
+            # the event loop, and the RPCs waiting on it, for REPLAY_SLICE_S at a time. The
+            # first slice takes one too: warm starts whose history reads end together would
+            # otherwise run their first slices back to back in one loop iteration.
+            slice_end = 0.0
             for _catch_up in range(WARM_START_CATCH_UPS + 1):
                 for signal in history:
                     if time.perf_counter() >= slice_end:

@@ -325,6 +325,77 @@ async def test_a_warm_start_whose_history_read_hangs_does_not_hold_up_the_others
         await engine.close()
 
 
+class GatedHistorySource:
+    """The synthetic source, with every history read held until `release` (reads that end at
+    the same moment, as they do when one Prometheus answer unblocks many)."""
+
+    def __init__(self) -> None:
+        self.synthetic = SyntheticSource()
+        self.release = asyncio.Event()
+
+    async def read(self, spec: WorkloadSpec, at: float) -> Signal:
+        return await self.synthetic.read(spec, at)
+
+    async def history(
+        self, spec: WorkloadSpec, start: float, end: float, step: float
+    ) -> list[Signal]:
+        await self.release.wait()
+        return await self.synthetic.history(spec, start, end, step)
+
+
+async def test_warm_starts_whose_reads_end_together_replay_one_slice_per_loop_iteration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between two slices of replay the event loop runs an iteration (RPCs are answered), also
+    for a replay's first slice: 16 warm starts whose history reads end at once must not run
+    their first slices back to back in one iteration (that held the loop for 16 slices). Counted
+    in decisions per loop iteration: at most one warm start's replay and its first evaluation."""
+    iteration = [0]
+    per_iteration: Counter[int] = Counter()
+    real_decide = engine_module.decide
+
+    def counted(*args: object, **kwargs: object) -> object:
+        per_iteration[iteration[0]] += 1
+        return real_decide(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_module, "decide", counted)
+    source = GatedHistorySource()
+    workloads = 16
+    engine = Engine(
+        ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=30.0))),
+        sources=lambda _: source,
+        warm_starts_at_once=workloads,
+    )
+    triggers = [parse_trigger("team-a", f"so-{i}", trigger_metadata(i)) for i in range(workloads)]
+    stop = asyncio.Event()
+
+    async def metronome() -> None:  # one step per loop iteration
+        for _ in range(1_000_000):
+            if stop.is_set():
+                return
+            iteration[0] += 1
+            await asyncio.sleep(0)
+
+    counting = asyncio.create_task(metronome())
+    try:
+        for trigger in triggers:
+            engine.touch(trigger)
+        for _ in range(100):  # every loop is waiting on its history read
+            await asyncio.sleep(0)
+        source.release.set()
+        await asyncio.wait_for(asyncio.gather(*(engine.decision(t) for t in triggers)), 30)
+    finally:
+        stop.set()
+        await counting
+        await engine.close()
+    per_warm_start = sum(per_iteration.values()) / workloads
+    assert per_warm_start > 20  # replays happened (the count means something)
+    assert max(per_iteration.values()) <= per_warm_start + 2, (
+        max(per_iteration.values()),
+        per_warm_start,
+    )
+
+
 def test_tune_gc_freezes_the_start_up_heap_and_sets_the_thresholds() -> None:
     before = gc.get_threshold()
     try:

@@ -22,11 +22,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from scaler._proto import externalscaler_pb2 as pb
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
-from scaler.engine import Engine
+from scaler.engine import Engine, Segment, read_history
 from scaler.policy import Decision
 from scaler.signals import Signal
 from scaler.sources import SourceError
-from scaler.workload import WorkloadSpec
+from scaler.trigger import parse_trigger
+from scaler.workload import WorkloadSpec, resolve
 from tests.conftest import DecisionLog, ref, synthetic
 
 STALL_RETRIES = 2  # runs repeated when a replica skipped a tick (see the test that uses it)
@@ -399,6 +400,67 @@ async def test_a_warm_start_slower_than_the_idle_timeout_still_answers_the_calle
             break
         await asyncio.sleep(0.05)
     assert len(server.engine) == 0
+
+
+class SegmentedHistorySource(FlakySource):
+    """History reads that answer when the test says so, counting how many are in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight_reads = 0
+        self.most_in_flight = 0
+        self.answers: dict[float, asyncio.Future[list[Signal]]] = {}
+        self.cancelled: list[float] = []
+
+    async def history(
+        self, spec: WorkloadSpec, start: float, end: float, step: float
+    ) -> list[Signal]:
+        self.in_flight_reads += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight_reads)
+        answer = self.answers[start] = asyncio.get_running_loop().create_future()
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            self.cancelled.append(start)
+            raise
+        finally:
+            self.in_flight_reads -= 1
+
+
+def _spec() -> WorkloadSpec:
+    return resolve(parse_trigger("team-a", "llama", synthetic()), Config())
+
+
+def _signals(*ats: float) -> list[Signal]:
+    return [Signal(at=at, source="test", running=1.0, waiting=0.0) for at in ats]
+
+
+async def test_a_warm_starts_history_segments_are_read_at_once_and_joined_in_order() -> None:
+    source = SegmentedHistorySource()
+    segments = (Segment(0.0, 100.0, 50.0), Segment(100.0, 110.0, 5.0))
+    reading = asyncio.create_task(read_history(source, _spec(), segments))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert source.most_in_flight == 2  # both reads sent before either answered
+    source.answers[100.0].set_result(_signals(100.0, 105.0))  # the newer part answers first
+    source.answers[0.0].set_result(_signals(0.0, 50.0))
+    history = await reading
+    assert [s.at for s in history] == [0.0, 50.0, 100.0, 105.0]  # older part first
+
+
+async def test_a_failed_history_segment_cancels_the_other_read() -> None:
+    source = SegmentedHistorySource()
+    segments = (Segment(0.0, 100.0, 50.0), Segment(100.0, 110.0, 5.0))
+    reading = asyncio.create_task(read_history(source, _spec(), segments))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    source.answers[100.0].set_exception(SourceError("prometheus answered 503"))
+    with pytest.raises(SourceError, match="503"):
+        await reading
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert source.cancelled == [0.0]
+    assert source.in_flight_reads == 0
 
 
 async def wait_for_value(client, so, expected: float, seconds: float = 3.0) -> None:
