@@ -40,7 +40,7 @@ fi
 
 "${SUDO[@]}" apt-get update -qq
 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq --no-install-recommends prometheus
+    apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 prometheus
 
 if ! command -v prometheus >/dev/null 2>&1; then
     echo "install_prometheus.sh: prometheus is still not on PATH after apt-get install" >&2
