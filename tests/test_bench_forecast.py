@@ -21,6 +21,14 @@ TOP_KEYS = {"trace", "bin_s", "results"}
 ROW_KEYS = {"model", "horizon_s", "pinball_q90", "mase", "coverage_q90", "cpu_s_per_update"}
 
 
+@pytest.fixture(autouse=True)
+def small_bank_cpu_figure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The banked-CPU note's 1,000 workloads x 5 repeats per horizon took 30 s of a run whose
+    numbers these tests do not read; 50 workloads, once, run the same code."""
+    monkeypatch.setattr(forecast, "BATCH_SERIES", 50)
+    monkeypatch.setattr(forecast, "BATCH_REPEATS", 1)
+
+
 def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     code = cli.main(["bench", "forecast", "--json", *args])
     out = capsys.readouterr().out
