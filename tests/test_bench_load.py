@@ -101,11 +101,11 @@ def test_rounds_pool_the_calls_of_alternated_runs(capsys: pytest.CaptureFixture[
 
 def test_soak_prints_rss_and_fds(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(
-        ["bench", "load", "--soak", "--objects", "30", "--duration", "20", "--warmup", "5", *FAST]
+        ["bench", "load", "--soak", "--objects", "30", "--duration", "8", "--warmup", "3", *FAST]
     )
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "soak: RSS" in out and "MiB after 5 s warm-up" in out and "growth" in out
+    assert "soak: RSS" in out and "MiB after 3 s warm-up" in out and "growth" in out
     assert "soak: open fds" in out
     assert not any(line.split()[:1] == ["floor"] for line in out.splitlines())  # scaler alone
     print(out)
