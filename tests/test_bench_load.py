@@ -279,13 +279,15 @@ def test_warm_starts_at_once_below_one_is_refused_by_name() -> None:
         Engine(ConfigStore(Config()), warm_starts_at_once=0)
 
 
-class SlowHistorySource:
-    """The synthetic source, except that history for the ScaledObjects named `slow-*` waits
-    until released (a backend timing out during a restart)."""
+class HeldHistorySource:
+    """The synthetic source, except that the history reads of the ScaledObjects whose names
+    start with `held` wait until `release`: a backend timing out during a restart, or (all held)
+    reads that end at one moment, as when one Prometheus answer unblocks many."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: str = "") -> None:
         self.synthetic = SyntheticSource()
         self.release = asyncio.Event()
+        self.held = held
 
     async def read(self, spec: WorkloadSpec, at: float) -> Signal:
         return await self.synthetic.read(spec, at)
@@ -293,7 +295,7 @@ class SlowHistorySource:
     async def history(
         self, spec: WorkloadSpec, start: float, end: float, step: float
     ) -> list[Signal]:
-        if spec.trigger.name.startswith("slow-"):
+        if spec.trigger.name.startswith(self.held):
             await self.release.wait()
         return await self.synthetic.history(spec, start, end, step)
 
@@ -302,7 +304,7 @@ async def test_a_warm_start_whose_history_read_hangs_does_not_hold_up_the_others
     """A history read slower than HISTORY_PATIENCE_S gives its warm-start turn back: reads that
     hang (more of them than WARM_STARTS_AT_ONCE) leave the other workloads' first decisions to
     come, and the hanging ones still warm-start once their reads return."""
-    source = SlowHistorySource()
+    source = HeldHistorySource(held="slow-")
     engine = Engine(
         ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=30.0))),
         sources=lambda _: source,
@@ -325,24 +327,6 @@ async def test_a_warm_start_whose_history_read_hangs_does_not_hold_up_the_others
         await engine.close()
 
 
-class GatedHistorySource:
-    """The synthetic source, with every history read held until `release` (reads that end at
-    the same moment, as they do when one Prometheus answer unblocks many)."""
-
-    def __init__(self) -> None:
-        self.synthetic = SyntheticSource()
-        self.release = asyncio.Event()
-
-    async def read(self, spec: WorkloadSpec, at: float) -> Signal:
-        return await self.synthetic.read(spec, at)
-
-    async def history(
-        self, spec: WorkloadSpec, start: float, end: float, step: float
-    ) -> list[Signal]:
-        await self.release.wait()
-        return await self.synthetic.history(spec, start, end, step)
-
-
 async def test_warm_starts_whose_reads_end_together_replay_one_slice_per_loop_iteration(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -359,7 +343,7 @@ async def test_warm_starts_whose_reads_end_together_replay_one_slice_per_loop_it
         return real_decide(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine_module, "decide", counted)
-    source = GatedHistorySource()
+    source = HeldHistorySource()
     workloads = 16
     engine = Engine(
         ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=30.0))),

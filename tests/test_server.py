@@ -28,7 +28,7 @@ from scaler.signals import Signal
 from scaler.sources import SourceError
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec, resolve
-from tests.conftest import DecisionLog, ref, synthetic
+from tests.conftest import DecisionLog, poll, ref, synthetic
 
 STALL_RETRIES = 2  # runs repeated when a replica skipped a tick (see the test that uses it)
 
@@ -342,11 +342,7 @@ async def test_workload_loop_stops_when_no_longer_asked_and_restarts(start_serve
     so = ref("llama", synthetic())
     await client.evaluate(so)
     assert len(server.engine) == 1
-    for _ in range(120):
-        if len(server.engine) == 0:
-            break
-        await asyncio.sleep(0.05)
-    assert len(server.engine) == 0
+    assert await poll(lambda: len(server.engine) == 0, 6.0)
     assert (await client.evaluate(so)).value == 2.0
     assert len(server.engine) == 1
 
@@ -395,11 +391,7 @@ async def test_a_warm_start_slower_than_the_idle_timeout_still_answers_the_calle
     server, client = await start_server(store=store, engine=Engine(store, sources=lambda _: source))
     so = ref("llama", synthetic())
     assert (await client.evaluate(so)).value == 5.0  # 40 in flight / 8
-    for _ in range(100):
-        if len(server.engine) == 0:
-            break
-        await asyncio.sleep(0.05)
-    assert len(server.engine) == 0
+    assert await poll(lambda: len(server.engine) == 0, 5.0)
 
 
 class SegmentedHistorySource(FlakySource):
@@ -435,12 +427,18 @@ def _signals(*ats: float) -> list[Signal]:
     return [Signal(at=at, source="test", running=1.0, waiting=0.0) for at in ats]
 
 
-async def test_a_warm_starts_history_segments_are_read_at_once_and_joined_in_order() -> None:
-    source = SegmentedHistorySource()
+async def _reading_two_segments(source: SegmentedHistorySource) -> asyncio.Task[list[Signal]]:
+    """`read_history` of an older and a recent segment, started and given time to send."""
     segments = (Segment(0.0, 100.0, 50.0), Segment(100.0, 110.0, 5.0))
     reading = asyncio.create_task(read_history(source, _spec(), segments))
     for _ in range(10):
         await asyncio.sleep(0)
+    return reading
+
+
+async def test_a_warm_starts_history_segments_are_read_at_once_and_joined_in_order() -> None:
+    source = SegmentedHistorySource()
+    reading = await _reading_two_segments(source)
     assert source.most_in_flight == 2  # both reads sent before either answered
     source.answers[100.0].set_result(_signals(100.0, 105.0))  # the newer part answers first
     source.answers[0.0].set_result(_signals(0.0, 50.0))
@@ -450,10 +448,7 @@ async def test_a_warm_starts_history_segments_are_read_at_once_and_joined_in_ord
 
 async def test_a_failed_history_segment_cancels_the_other_read() -> None:
     source = SegmentedHistorySource()
-    segments = (Segment(0.0, 100.0, 50.0), Segment(100.0, 110.0, 5.0))
-    reading = asyncio.create_task(read_history(source, _spec(), segments))
-    for _ in range(10):
-        await asyncio.sleep(0)
+    reading = await _reading_two_segments(source)
     source.answers[100.0].set_exception(SourceError("prometheus answered 503"))
     with pytest.raises(SourceError, match="503"):
         await reading

@@ -20,7 +20,7 @@ from scaler.kedaclient import KedaLikeClient
 from scaler.signals import Signal
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec
-from tests.conftest import FAST, ref, synthetic
+from tests.conftest import FAST, poll, ref, synthetic
 from tests.serve_process import ServeProcess
 
 pytestmark = pytest.mark.slow
@@ -188,11 +188,7 @@ async def test_stop_is_bounded_when_a_loop_ignores_cancellation(monkeypatch, cap
         assert [getattr(r, "event", None) for r in caplog.records] == ["stop_timeout"]
     finally:
         source.release.set()  # the read returns; the loop sees the engine stopped and ends
-    for _ in range(100):
-        if len(server.engine) == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert len(server.engine) == 0
+    assert await poll(lambda: len(server.engine) == 0, 2.0)
 
 
 def test_invalid_config_at_start_refuses_to_start(tmp_path):
