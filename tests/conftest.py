@@ -15,6 +15,7 @@ from scaler.engine import Workload
 from scaler.kedaclient import KedaLikeClient, scaled_object
 from scaler.policy import Decision
 from scaler.server import ScalerServer
+from tests.servers.base import await_install
 
 FAST = ServerSettings(
     evaluation_interval_s=0.05,
@@ -40,6 +41,17 @@ def synthetic(**overrides: str) -> dict[str, str]:
 
 # Real servers (Prometheus, Triton, vLLM) started by the tests; see tests/servers/.
 pytest_plugins = ["tests.servers.prometheus", "tests.servers.triton", "tests.servers.vllm"]
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """A `real_servers` test first waits for `./dev test`'s background installs of the servers
+    (no-op when none runs), outside its timeout: a test's time limit is for the test, not for
+    vLLM's downloads. Whether an install failed, the server's fixture reports."""
+    if item.get_closest_marker("real_servers") is not None:
+        for server in ("prometheus", "triton", "vllm"):
+            await_install(server)
+    return (yield)
 
 ServerFactory = Callable[..., Any]
 

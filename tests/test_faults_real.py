@@ -30,7 +30,7 @@ from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec
 from tests.conftest import DecisionLog, latest, ref, synthetic, wait_decision
 from tests.servers.base import LoadTally
-from tests.servers.triton import TRITON_PYTHON, TritonServer, triton_load
+from tests.servers.triton import TritonServer, missing_install, triton_load
 
 FAST = Config(server=ServerSettings(evaluation_interval_s=0.2, first_decision_timeout_s=15.0))
 TRITON = {"backend": "triton", "model": "toy", "targetConcurrency": "4", "maxReplicas": "50"}
@@ -65,8 +65,9 @@ async def toy_metrics_served(http: httpx.AsyncClient, url: str) -> bool:
 async def test_triton_killed_mid_load_holds_the_target_and_recovers_on_restart(
     start_server, caplog: pytest.LogCaptureFixture, decision_log: DecisionLog
 ):
-    if not TRITON_PYTHON.exists():
-        pytest.fail("the real Triton tests need .venv-triton (tests/servers/install_triton.sh)")
+    reason = await asyncio.to_thread(missing_install)
+    if reason:
+        pytest.fail(f"real Triton server unavailable: {reason}", pytrace=False)
     caplog.set_level(logging.INFO, logger="scaler.engine")
     triton = TritonServer()
     await asyncio.to_thread(triton.start)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,6 +22,9 @@ import httpx
 Probe = Callable[[], str | None]
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+INSTALLS = REPO_ROOT / ".cache"  # `./dev test` puts install-<server>.{pid,rc,log} here
+INSTALL_WAIT_S = 1800.0  # a background install still running after this is reported, not awaited
 ERROR_PAUSE_S = 0.05  # a client's pause after a failed request: a down server is not spun on
 PORT_TAKEN = "address already in use"  # what a server's bind error says, in every log here
 START_ATTEMPTS = 3
@@ -42,6 +46,45 @@ def start_retrying_taken_ports(
             if attempt == attempts or PORT_TAKEN not in str(err).lower():
                 raise
     raise ValueError(f"attempts must be at least 1, got {attempts}")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's: not an install of ours
+        return False
+    return True
+
+
+def await_install(
+    server: str, timeout_s: float = INSTALL_WAIT_S, where: Path = INSTALLS
+) -> str | None:
+    """Wait for `./dev test`'s background install of `server` (prometheus, triton, vllm), if one
+    is running: pytest starts while the slow ones (vLLM's, minutes of downloads) go on, and the
+    first test that needs the server waits here. Returns why the server cannot be used (the
+    install failed, or is still running after `timeout_s`), or None; a server installed by hand
+    (no install of ours on record) is None too, and its own checks then apply."""
+    pid_file, rc_file = where / f"install-{server}.pid", where / f"install-{server}.rc"
+    log = where / f"install-{server}.log"
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return None
+    deadline = time.monotonic() + timeout_s
+    while not rc_file.exists() and _running(pid):
+        if time.monotonic() > deadline:
+            return f"its install (PID {pid}) is still running after {timeout_s:g} s; see {log}"
+        time.sleep(1.0)
+    try:
+        rc = rc_file.read_text().strip()
+    except OSError:
+        return None  # ended without a word (killed with its run): the server's own checks apply
+    if rc != "0":
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+        return f"its install failed (exit {rc}); the end of {log}:\n{tail}"
+    return None
 
 
 @dataclass

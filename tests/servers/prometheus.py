@@ -42,7 +42,13 @@ from typing import Any, Self
 
 import pytest
 
-from tests.servers.base import StartStop, log_tail, start_retrying_taken_ports, write_reply
+from tests.servers.base import (
+    StartStop,
+    await_install,
+    log_tail,
+    start_retrying_taken_ports,
+    write_reply,
+)
 from tests.servers.ports import free_port
 
 INSTALL_SCRIPT = "tests/servers/install_prometheus.sh"
@@ -562,6 +568,9 @@ class MetricsEndpoint(StartStop):
 @pytest.fixture(scope="session")
 def prometheus_bin() -> str:
     """Path of the prometheus binary; fails (never skips) when it is missing."""
+    failed = await_install("prometheus")
+    if failed:
+        pytest.fail(f"prometheus unavailable: {failed}", pytrace=False)
     path = find_prometheus()
     if path is None:
         pytest.fail(

@@ -31,6 +31,7 @@ from tests.servers.base import (
     LoadTally,
     NotReadyError,
     StartStop,
+    await_install,
     start_retrying_taken_ports,
     wait_until_ready,
 )
@@ -56,6 +57,15 @@ def infer_body(value: float = 1.0) -> dict[str, Any]:
 
 class TritonStartError(RuntimeError):
     pass
+
+
+def missing_install() -> str | None:
+    """Why a Triton server cannot be started here, or None when it can (once `./dev test`'s
+    background install, if one runs, is done)."""
+    failed = await_install("triton")
+    if failed:
+        return failed
+    return None if TRITON_PYTHON.exists() else triton_venv_missing_message()
 
 
 def triton_venv_missing_message() -> str:
@@ -317,8 +327,9 @@ def triton_server() -> Iterator[TritonServer]:
     Batches of 8 take 0.2 s (40 req/s): the queue tests need a queue that a slow, GIL-sharing
     in-process client still builds (at 50 ms, 160 req/s, a loaded CI runner kept only ~5
     waiting under 32 clients)."""
-    if not TRITON_PYTHON.exists():
-        pytest.fail(triton_venv_missing_message(), pytrace=False)
+    reason = missing_install()
+    if reason:
+        pytest.fail(f"real Triton server unavailable: {reason}", pytrace=False)
     server = TritonServer(batch_sleep_s=SESSION_BATCH_SLEEP_S)
     try:
         server.start()
@@ -338,6 +349,7 @@ __all__ = [
     "TritonServer",
     "TritonStartError",
     "infer_body",
+    "missing_install",
     "triton_load",
     "triton_server",
 ]

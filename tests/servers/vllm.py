@@ -32,6 +32,7 @@ from tests.servers.base import (
     LoadTally,
     NotReadyError,
     StartStop,
+    await_install,
     log_tail,
     start_retrying_taken_ports,
     wait_until_ready,
@@ -56,7 +57,11 @@ DEFAULT_ARGS = ("--max-model-len", "512", "--max-num-seqs", "2", "--enforce-eage
 
 
 def missing_install() -> str | None:
-    """Why a vLLM server cannot be started here, or None when it can."""
+    """Why a vLLM server cannot be started here, or None when it can (once `./dev test`'s
+    background install, if one runs, is done)."""
+    failed = await_install("vllm")
+    if failed:
+        return failed
     if not PYTHON.exists():
         return f"{VENV} is missing: run `bash {INSTALL_SCRIPT}` (~4 min, ~3.5 GB)"
     if not (MODEL_DIR / "config.json").exists() or not (MODEL_DIR / "tokenizer.json").exists():
