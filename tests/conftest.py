@@ -53,6 +53,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             await_install(server)
     return (yield)
 
+
 ServerFactory = Callable[..., Any]
 
 
