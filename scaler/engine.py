@@ -120,13 +120,6 @@ def next_tick(now: float, last: float | None, interval: float, phase: float) -> 
     return tick
 
 
-def _segment(end: float, span: float, interval: float) -> tuple[float, float]:
-    """Start and step of a tick-aligned grid that covers `span` before `end` in at most
-    HISTORY_MAX_POINTS points."""
-    step = interval * max(1, math.ceil(span / interval / HISTORY_MAX_POINTS))
-    return end - math.ceil(span / step) * step, step
-
-
 class Segment(NamedTuple):
     """A tick-aligned grid of history: start, start + step, ... < end."""
 
@@ -135,20 +128,24 @@ class Segment(NamedTuple):
     step: float
 
 
+def _segment(end: float, span: float, interval: float) -> Segment:
+    """A tick-aligned grid that covers `span` before `end` in at most HISTORY_MAX_POINTS points."""
+    step = interval * max(1, math.ceil(span / interval / HISTORY_MAX_POINTS))
+    return Segment(end - math.ceil(span / step) * step, end, step)
+
+
 def history_segments(spec: WorkloadSpec, end: float, interval: float) -> tuple[Segment, Segment]:
     """What a warm start replays up to the tick `end`, older part first. The fine part, tick for
     tick, covers all the policy remembers exactly: the stabilization window, replicas asked
     within the horizon, and panic's windows. The older part, on a coarser grid, covers the idle
     window and, with forecasting on, the forecaster's memory (its error window plus a horizon
     of bins), so a late replica's outlook matches."""
-    fine_start, fine_step = _segment(end, policy_memory_s(spec), interval)
+    fine = _segment(end, policy_memory_s(spec), interval)
     memory = spec.scale_to_zero_idle_s
     if spec.forecast:
         bins = FORECAST_MEMORY_BINS + math.ceil(spec.horizon_s / spec.forecast_step_s)
         memory = max(memory, min(FORECAST_WARMUP_MAX_S, bins * spec.forecast_step_s))
-    older = max(0.0, memory - (end - fine_start))
-    coarse_start, coarse_step = _segment(fine_start, older, interval)
-    return Segment(coarse_start, fine_start, coarse_step), Segment(fine_start, end, fine_step)
+    return _segment(fine.start, max(0.0, memory - (end - fine.start)), interval), fine
 
 
 async def read_history(
@@ -503,7 +500,6 @@ class Engine:
 
     async def _run(self, key: WorkloadKey, workload: Workload) -> None:
         try:
-            await self._turns.take()
             await self._warm_start(workload)
             while not self._stopped:
                 server = self._store.current.server
@@ -522,8 +518,7 @@ class Engine:
                         extra={"workload": key[0] + "/" + key[1]},
                     )
                     return
-                if workload.last_tick is not None:  # the first follows the warm start's turn
-                    await self._turns.take()
+                await self._turns.take()
                 await self._evaluate(workload, tick)
                 workload.last_tick = tick
         except asyncio.CancelledError:

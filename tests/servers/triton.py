@@ -28,6 +28,7 @@ import pytest
 
 from scaler.httpclient import async_client
 from tests.servers.base import (
+    REPO_ROOT,
     LoadTally,
     NotReadyError,
     StartStop,
@@ -37,7 +38,6 @@ from tests.servers.base import (
 )
 from tests.servers.ports import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_VENV = REPO_ROOT / ".venv-triton"
 TRITON_PYTHON = TRITON_VENV / "bin" / "python"
 TOY_SCRIPT = Path(__file__).resolve().with_name("triton_toy.py")

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scaler.httpclient import async_client
 from tests.servers.base import (
+    REPO_ROOT,
     LoadTally,
     NotReadyError,
     StartStop,
@@ -39,10 +40,9 @@ from tests.servers.base import (
 )
 from tests.servers.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".venv-vllm"
+VENV = REPO_ROOT / ".venv-vllm"
 PYTHON = VENV / "bin" / "python"
-MODEL_DIR = ROOT / ".cache" / "tiny-llama"
+MODEL_DIR = REPO_ROOT / ".cache" / "tiny-llama"
 INSTALL_SCRIPT = "tests/servers/install_vllm.sh"
 MODEL_NAME = "tiny-llama"
 # Words from the tiny model's vocabulary (anything else would map to <unk>, which also works).
