@@ -14,13 +14,21 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote_plus
 
 import pytest
 
 from scaler.config import Config
 from scaler.sources import SourceError
 from scaler.sources.catalog import CATALOGS, SIGNAL_FIELDS, signal_exprs
-from scaler.sources.prometheus import PrometheusSource, matchers_for, render
+from scaler.sources.prometheus import (
+    FIELD_LABEL,
+    MAX_QUERY_URL_CHARS,
+    PrometheusSource,
+    combined_groups,
+    matchers_for,
+    render,
+)
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec, resolve
 from tests.servers.base import write_reply
@@ -279,11 +287,47 @@ GOOD = {
 }
 
 
+COMBINED_PART = re.compile(
+    r'label_replace\(\((.*?)\), "' + FIELD_LABEL + r'", "(\w+)", "", ""\)(?: or |$)'
+)
+
+
+def combined_answer(query: str, answer: Callable[[str], Answer]) -> Answer | None:
+    """A combined query (`combined_query`) answered as Prometheus would from each part's own
+    answer: the series of each, tagged with its signal. A part that fails the request (an HTTP
+    error, garbage, a delay) fails the whole. None when `query` is not a combined one."""
+    parts = [(m.group(1), m.group(2)) for m in COMBINED_PART.finditer(query)]
+    if not parts or " or ".join(f"{p}" for p in _wrapped(parts)) != query:
+        return None
+    series: list[dict[str, Any]] = []
+    delay = 0.0
+    for inner, field in parts:
+        reply = answer(inner)
+        delay = max(delay, reply.delay_s)
+        try:
+            doc = json.loads(reply.body)
+            result = doc["data"]["result"]
+        except (ValueError, KeyError, TypeError):
+            return reply
+        if reply.status != 200:
+            return reply
+        series += [{**s, "metric": {**s["metric"], FIELD_LABEL: field}} for s in result]
+    doc = {"status": "success", "data": {"resultType": "vector", "result": series}}
+    return Answer(body=json.dumps(doc).encode(), delay_s=delay)
+
+
+def _wrapped(parts: list[tuple[str, str]]) -> list[str]:
+    return [
+        f'label_replace(({inner}), "{FIELD_LABEL}", "{field}", "", "")' for inner, field in parts
+    ]
+
+
 def answers(
     spec: WorkloadSpec, special: dict[str, Answer] | None = None
 ) -> Callable[[str], Answer]:
     """Each rendered query answered with GOOD (or its `special` answer); the sample-age query with
-    a fresh timestamp; anything else with HTTP 400 (a query we did not expect)."""
+    a fresh timestamp; a combined query from its parts' answers; anything else with HTTP 400 (a
+    query we did not expect)."""
     by_query = {query: field for field, query in rendered(spec).items()}
     special = special or {}
 
@@ -292,10 +336,20 @@ def answers(
         if field is None:
             if query.startswith("max(timestamp("):
                 return special.get("_newest") or vector(time.time())
+            combined = combined_answer(query, answer)
+            if combined is not None:
+                return combined
             return Answer(400, b'{"status":"error","error":"unexpected query"}')
         return special.get(field) or vector(GOOD[field])
 
     return answer
+
+
+def requests_per_read(spec: WorkloadSpec) -> int:
+    """How many requests one read sends: its queries (with the sample-age one) in groups."""
+    queries = rendered(spec)
+    queries["_newest"] = "max(timestamp(" + "x" * 200 + "))"  # about its length
+    return len(combined_groups(queries))
 
 
 async def read(source: PrometheusSource, spec: WorkloadSpec, at: float = 1000.0) -> Any:
@@ -312,8 +366,10 @@ async def test_good_answers_give_every_value(prometheus: Any) -> None:
     assert signal.source == "prometheus"
     assert signal.reasons == ()
     assert signal.age_s is not None and 0 <= signal.age_s < 30
-    # One query per signal plus the sample-age query; all scoped to the deployment.
-    assert len(server.queries) == len(SIGNAL_FIELDS) + 1
+    # Every signal's query and the sample-age query, combined in a few requests (within the URL
+    # budget); all scoped to the deployment.
+    assert len(server.queries) == requests_per_read(spec) < len(SIGNAL_FIELDS) + 1
+    assert all(len(quote_plus(q)) <= MAX_QUERY_URL_CHARS for q in server.queries)
     assert all('model_name="m"' in q for q in server.queries)
 
 
@@ -385,23 +441,36 @@ async def test_a_stale_newest_sample_fails_the_read(prometheus: Any) -> None:
 
 
 async def slow_read(prometheus: Any) -> Any:
-    """`waiting` and `running` take 8 s against a 0.5 s query timeout; the rest answer at once."""
+    """`waiting` and `running` take 8 s against a 0.5 s query timeout; the rest answer at once.
+    Two reads, each timed: the first asks for the signals combined, so the slow queries hold up
+    the ones they share a request with; the second asks one query per signal."""
     slow = Answer(delay_s=8.0)
     server, spec = await start_with(
         prometheus, {"waiting": slow, "running": slow}, queryTimeoutSeconds="0.5"
     )
-    started = time.monotonic()
-    signal = await read(PrometheusSource(server.url), spec)
-    return signal, time.monotonic() - started
+    source = PrometheusSource(server.url)
+    timed = []
+    for at in (1000.0, 1010.0):
+        started = time.monotonic()
+        signal = await read(source, spec, at)
+        timed.append((signal, time.monotonic() - started))
+    return timed
 
 
 async def test_a_slow_query_leaves_its_field_missing_in_bounded_time(prometheus: Any) -> None:
-    signal, elapsed = await slow_read(prometheus)
-    assert elapsed < 3 * 0.5 + 2
-    assert signal.waiting is None and signal.running is None
-    assert signal.arrival_rate == 3.5
-    assert signal.kv_cache_usage == 0.75
-    assert any(r.startswith("waiting:") for r in signal.reasons)
+    (first, first_s), (second, second_s) = await slow_read(prometheus)
+    assert first_s < 3 * 0.5 + 2 and second_s < 3 * 0.5 + 2
+    assert first.waiting is None and first.running is None
+    # The signals asked in another request than the slow ones answered.
+    groups = combined_groups({**rendered(make_spec()), "_newest": "max(timestamp(x))"})
+    apart = [f for g in groups if "waiting" not in g and "running" not in g for f in g]
+    assert [f for f in apart if f != "_newest"]
+    assert all(getattr(first, f) is not None for f in apart if f != "_newest")
+    # After the timeout, one query per signal: only the slow ones are missing.
+    assert second.waiting is None and second.running is None
+    assert second.arrival_rate == 3.5
+    assert second.kv_cache_usage == 0.75
+    assert any(r.startswith("waiting:") for r in second.reasons)
 
 
 async def test_a_slow_query_reason_says_it_timed_out(prometheus: Any) -> None:
@@ -409,9 +478,9 @@ async def test_a_slow_query_reason_says_it_timed_out(prometheus: Any) -> None:
     retried read timeout as `ConnectionError: ... Max retries exceeded with url: <the whole
     URL-encoded query> (Caused by ReadTimeoutError(...))`, and the 300-character cut drops the
     cause."""
-    signal, _ = await slow_read(prometheus)
-    reason = next(r for r in signal.reasons if r.startswith("waiting:"))
-    assert "timed out" in reason.lower() or "timeout" in reason.lower(), reason
+    for signal, _ in await slow_read(prometheus):
+        reason = next(r for r in signal.reasons if r.startswith("waiting:"))
+        assert "timed out" in reason.lower() or "timeout" in reason.lower(), reason
 
 
 async def test_a_hung_prometheus_fails_the_read_in_bounded_time(prometheus: Any) -> None:
@@ -437,25 +506,18 @@ async def test_connection_refused_fails_the_read_naming_the_url() -> None:
 
 
 async def test_reads_within_query_interval_reuse_the_last_answer(prometheus: Any) -> None:
-    values = {"waiting": 14.0}
+    special = {"waiting": vector(14.0)}
     holder: dict[str, Callable[[str], Answer]] = {}
     server = prometheus(lambda query: holder["answer"](query))
     spec = spec_with(server, queryIntervalSeconds="5")
-
-    def answer(query: str) -> Answer:
-        base = answers(spec)(query)
-        if query == rendered(spec)["waiting"]:
-            return vector(values["waiting"])
-        return base
-
-    holder["answer"] = answer
+    holder["answer"] = answers(spec, special)
     source = PrometheusSource(server.url)
     first = await read(source, spec, at=1000.0)
     per_read = server.requests
     assert first.waiting == 14.0
-    assert per_read == len(SIGNAL_FIELDS) + 1
+    assert per_read == requests_per_read(spec)
 
-    values["waiting"] = 20.0
+    special["waiting"] = vector(20.0)
     again = await read(source, spec, at=1004.9)
     assert server.requests == per_read  # Prometheus was not asked
     assert again.waiting == 14.0
@@ -470,4 +532,4 @@ async def test_query_interval_zero_queries_every_read(prometheus: Any) -> None:
     source = PrometheusSource(server.url)
     await read(source, spec, at=1000.0)
     await read(source, spec, at=1000.0)
-    assert server.requests == 2 * (len(SIGNAL_FIELDS) + 1)
+    assert server.requests == 2 * requests_per_read(spec)

@@ -9,6 +9,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,6 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from scaler.config import Config, ServerSettings
 from scaler.httpclient import async_client
 from scaler.policy import Decision
+from scaler.sources.catalog import SIGNAL_FIELDS
+from scaler.sources.prometheus import PrometheusSource
+from scaler.trigger import parse_trigger
+from scaler.workload import resolve
 from tests.conftest import DecisionLog, latest, ref, wait_decision
 from tests.servers.base import LoadTally
 from tests.servers.prometheus import MetricsEndpoint, sample_value
@@ -244,6 +249,42 @@ async def test_prometheus_source_scopes_by_namespace_and_selector(start_promethe
         assert decision.signal.kv_cache_usage == pytest.approx(kv_pressure)
         in_flight = 14 + 2 + waiting_kv + running_kv
         assert evaluation.value == -(-in_flight // 4)
+
+
+async def test_a_read_asks_a_real_prometheus_in_a_few_combined_requests(start_prometheus):
+    """The read's queries go to Prometheus combined (label_replace ... or ...), a few requests
+    instead of one per signal, and give the values that one query per signal gives."""
+    with MetricsEndpoint(VLLM) as pod0, MetricsEndpoint(VLLM_KV) as pod1:
+        prom = await asyncio.to_thread(
+            start_prometheus,
+            {"llama-0": [pod0.target], "llama-1": [pod1.target]},
+            1.0,
+            {name: {"namespace": "team-a"} for name in ("llama-0", "llama-1")},
+        )
+        await asyncio.to_thread(
+            prom.wait_until,
+            "count(vllm:num_requests_waiting)",
+            lambda r: bool(r) and sample_value(r) == 2,
+            30,
+        )
+        metadata = {"backend": "vllm", "serverAddress": prom.url, "model": "tiny-llama"}
+        spec = resolve(parse_trigger("team-a", "llama", metadata), Config())
+        combined, plain = PrometheusSource(prom.url), PrometheusSource(prom.url, combine=False)
+        asked: list[str] = []
+        ask = combined._client.custom_query
+
+        def counted(query: str, *args: Any) -> Any:
+            asked.append(query)
+            return ask(query, *args)
+
+        combined._client.custom_query = counted  # type: ignore[method-assign]
+        now = time.time()
+        one, other = await combined.read(spec, now), await plain.read(spec, now)
+        assert 1 <= len(asked) <= 2  # vLLM: 12 queries (with the sample age) in one or two
+        assert all("label_replace(" in query for query in asked)
+        assert one.waiting is not None and one.kv_cache_usage is not None
+        for field in SIGNAL_FIELDS:
+            assert getattr(one, field) == pytest.approx(getattr(other, field)), field
 
 
 async def test_prometheus_outage_holds_the_target_and_recovers(

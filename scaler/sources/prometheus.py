@@ -4,7 +4,8 @@ Queries are scoped to one deployment: the model label, the ScaledObject's namesp
 `namespaceLabel`) and the trigger's `labelSelector`. Each query has a bounded timeout and bounded
 retries (urllib3 `Retry`: connection errors and 502/503/504, with backoff); a query that fails,
 times out, returns garbage or a non-finite value leaves its signal missing with the reason, and when
-every query fails the read fails, so the engine holds the last target (fail static).
+every query fails the read fails, so the engine holds the last target (fail static). A read's
+queries travel combined in one or two requests (`combined_query`, `PrometheusSource._answers`).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from urllib.parse import quote_plus
 
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests import RequestException, Timeout
+from requests import JSONDecodeError, RequestException, Timeout
 from urllib3.util.retry import Retry
 
 from scaler.signals import Signal
@@ -50,6 +52,11 @@ RETRY = Retry(
     allowed_methods=("GET",),
     raise_on_status=False,
 )
+FIELD_LABEL = "scaler_signal"  # tags each signal's series in a combined query
+# A combined query travels URL-encoded in the request line, and proxies in front of Prometheus
+# cap it at ~8 KiB (nginx's default buffer): a read's queries are combined in groups within this.
+MAX_QUERY_URL_CHARS = 6000
+SPLIT_S = 300.0  # after a combined query timed out, one query per signal for this long
 
 
 def _quote(value: str) -> str:
@@ -160,33 +167,137 @@ def _scalar(result: object) -> float:
     return value
 
 
+def _value(result: object) -> float:
+    """`_scalar`, with a malformed sample reported as ValueError."""
+    try:
+        return _scalar(result)
+    except (KeyError, TypeError, IndexError, OverflowError) as exc:  # e.g. a 400-digit integer
+        raise ValueError(f"malformed result: {exc!r}"[:300]) from None
+
+
+def _outcome(result: object) -> float | BaseException:
+    try:
+        return _value(result)
+    except (ValueError, LookupError) as exc:
+        return exc
+
+
+def combined_query(queries: Mapping[str, str]) -> str:
+    """All of a read's queries as one PromQL expression: each one's series tagged with its signal
+    in FIELD_LABEL (label_replace), joined with `or` (distinct tags, so nothing is dropped)."""
+    return " or ".join(
+        f'label_replace(({query}), "{FIELD_LABEL}", "{field}", "", "")'
+        for field, query in queries.items()
+    )
+
+
+def combined_groups(queries: Mapping[str, str]) -> list[list[str]]:
+    """The signals in groups whose combined query stays within MAX_QUERY_URL_CHARS once
+    URL-encoded (in order; a query too long to share a request has one of its own)."""
+    groups: list[list[str]] = []
+    size = 0
+    for field, query in queries.items():
+        length = len(quote_plus(combined_query({field: query}))) + len(" or ")
+        if not groups or size + length > MAX_QUERY_URL_CHARS:
+            groups.append([])
+            size = 0
+        groups[-1].append(field)
+        size += length
+    return groups
+
+
+def split_answer(result: object, fields: Iterable[str]) -> dict[str, list[object]]:
+    """A combined query's answer as each query's own would have been; ValueError when it is not
+    one (a series without a known tag)."""
+    parts: dict[str, list[object]] = {field: [] for field in fields}
+    if not isinstance(result, list):
+        raise ValueError(f"unexpected answer {str(result)[:80]!r}")
+    for series in result:
+        metric = series.get("metric") if isinstance(series, dict) else None
+        field = metric.get(FIELD_LABEL) if isinstance(metric, dict) else None
+        if not isinstance(field, str) or field not in parts:
+            raise ValueError(f"a series without a known {FIELD_LABEL}: {str(series)[:80]!r}")
+        parts[field].append(series)
+    return parts
+
+
 class PrometheusSource:
     """One per Prometheus URL; workloads share its connection pool."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, combine: bool = True) -> None:
         self.url = url
+        self.combine = combine  # False: one request per query, always (tests compare the two)
         self._client = PrometheusConnect(url=url, retry=RETRY, disable_ssl=False)
         # Its own threads (requests is blocking): a hung Prometheus must not queue every query of
         # every workload behind asyncio's small default pool.
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="prometheus")
         self._cache: dict[str, tuple[float, Signal]] = {}
+        self._split_until: dict[str, float] = {}  # workload -> one query per signal until then
 
-    async def _query(self, query: str, timeout_s: float) -> float:
+    async def _fetch(self, query: str, timeout_s: float) -> object:
+        """One instant query's result list; ConnectionError when Prometheus did not answer (down,
+        refused, timed out), ValueError when it answered with an error or garbage."""
         loop = asyncio.get_running_loop()
         try:
-            result = await loop.run_in_executor(
+            result: object = await loop.run_in_executor(
                 self._pool, self._client.custom_query, query, None, timeout_s
             )
+        except (JSONDecodeError, KeyError, TypeError, IndexError, RecursionError) as exc:
+            # requests' JSONDecodeError is a RequestException too, but Prometheus did answer
+            raise ValueError(f"prometheus at {self.url} answered garbage: {exc!r}"[:300]) from None
         except RequestException as exc:
             raise ConnectionError(f"prometheus at {self.url}: {_cause(exc, timeout_s)}") from None
         except PrometheusApiClientException as exc:
             raise ValueError(f"prometheus at {self.url} answered {exc}"[:300]) from None
-        except (KeyError, TypeError, IndexError, ValueError, RecursionError) as exc:  # not JSON
+        except ValueError as exc:
             raise ValueError(f"prometheus at {self.url} answered garbage: {exc!r}"[:300]) from None
-        try:
-            return _scalar(result)
-        except (KeyError, TypeError, IndexError, OverflowError) as exc:  # e.g. a 400-digit integer
-            raise ValueError(f"malformed result: {exc!r}"[:300]) from None
+        return result
+
+    async def _query(self, query: str, timeout_s: float) -> float:
+        return _value(await self._fetch(query, timeout_s))
+
+    async def _answers(
+        self, key: str, queries: Mapping[str, str], timeout_s: float
+    ) -> list[float | BaseException]:
+        """Each query's value or error, in order: a few requests for all of them
+        (`combined_queries`) where it can, else one request per query.
+
+        One request per query was ~3.5 ms of this process's CPU each (requests in a thread
+        pool; `bench/prometheus_reads.py`), 12 per vLLM read: a scaler polling 1,000 workloads
+        every 5 s would need ~8 cores for that alone. When Prometheus answers a combined query
+        with an error or a malformed answer (a custom query that is not an instant vector, say),
+        its queries are asked again one by one, so the reasons name the query at fault; when it
+        times out (one slow custom query holds up the whole expression), its signals are missing
+        in this read and the workload asks one query per signal for SPLIT_S, so a slow query
+        leaves only its own signal missing. Not answering at all (down, refused) is the same for
+        every query: no second round."""
+        split = not self.combine or self._split_until.get(key, 0.0) > time.monotonic()
+        groups = [[field] for field in queries] if split else combined_groups(queries)
+        results = await asyncio.gather(
+            *(self._group(key, {f: queries[f] for f in group}, timeout_s) for group in groups)
+        )
+        found = {field: value for result in results for field, value in result.items()}
+        return [found[field] for field in queries]
+
+    async def _group(
+        self, key: str, queries: dict[str, str], timeout_s: float
+    ) -> dict[str, float | BaseException]:
+        """The values of `queries`, asked in one request when there are several."""
+        if len(queries) > 1:
+            try:
+                parts = split_answer(await self._fetch(combined_query(queries), timeout_s), queries)
+            except ConnectionError as exc:
+                if "timed out" in str(exc):
+                    self._split_until[key] = time.monotonic() + SPLIT_S
+                return dict.fromkeys(queries, exc)
+            except ValueError:
+                self._split_until[key] = time.monotonic() + SPLIT_S
+            else:
+                return {field: _outcome(parts[field]) for field in queries}
+        answers = await asyncio.gather(
+            *(self._query(q, timeout_s) for q in queries.values()), return_exceptions=True
+        )
+        return dict(zip(queries, answers, strict=True))
 
     async def read(self, spec: WorkloadSpec, at: float) -> Signal:
         key = f"{spec.workload}|{spec.trigger.metric_name}"
@@ -198,10 +309,7 @@ class PrometheusSource:
         age_query = _age_query(spec, exprs, matchers)
         if age_query:
             queries["_newest"] = age_query
-        answers = await asyncio.gather(
-            *(self._query(q, spec.query_timeout_s) for q in queries.values()),
-            return_exceptions=True,
-        )
+        answers = await self._answers(key, queries, spec.query_timeout_s)
         values: dict[str, float | None] = {}
         reasons: list[str] = []
         errors = 0
