@@ -1,6 +1,6 @@
 """The Prometheus source's cost per read: combined queries against one request per query.
 
-Usage: python bench/prometheus_reads.py [--workloads 200] [--rounds 3]
+Usage: python bench/prometheus_reads.py [--workloads 200] [--rounds 3] [--prometheus PATH]
 
 A scaler whose workloads read their signals through Prometheus asks it every
 queryIntervalSeconds (5 s) per workload: for vLLM, 11 signals and the sample age. Asked one
@@ -9,8 +9,9 @@ this process. `PrometheusSource` combines a read's queries into one or two reque
 (`combined_query`). This bench starts a real Prometheus (Debian's `prometheus`, on 127.0.0.1 with
 a free port and a temporary TSDB) scraping two pods' worth of real vLLM /metrics text (served
 here on loopback from tests/data/metrics-samples), then reads `--workloads` workloads' signals
-at once, `--rounds` times each way, alternated, and prints this process's CPU per read, the
-wall time of the batch and Prometheus's CPU, with the ratios one-per-query / combined. The
+(then their warm-start histories) at once, `--rounds` times each way, alternated, and prints
+this process's CPU per read, the wall time of the batch and Prometheus's CPU, with the ratios
+one-per-query / combined. The
 signals of both ways are checked equal before anything is timed. Only the Prometheus process
 started here is stopped, by PID.
 """
@@ -64,8 +65,9 @@ def free_port() -> int:
         return int(s.server_address[1])
 
 
-def start_prometheus(targets: list[str], workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("prometheus")
+def start_prometheus(
+    targets: list[str], workdir: Path, binary: str | None
+) -> tuple[subprocess.Popen[bytes], str]:
     if binary is None:
         raise SystemExit("needs Debian's prometheus: apt-get install prometheus")
     port = free_port()
@@ -106,23 +108,50 @@ def prometheus_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def read_all(source: PrometheusSource, specs: list[WorkloadSpec]) -> tuple[float, float]:
-    """Every workload's read at once: (this process's CPU s, wall s)."""
+async def read_all(
+    source: PrometheusSource, specs: list[WorkloadSpec], history: bool
+) -> tuple[float, float]:
+    """Every workload's read (or warm-start history: the last 60 s at 5 s steps) at once:
+    (this process's CPU s, wall s)."""
     cpu, wall = time.process_time(), time.perf_counter()
     now = time.time()
-    await asyncio.gather(*(source.read(spec, now) for spec in specs))
+    if history:
+        await asyncio.gather(*(source.history(spec, now - 60.0, now, 5.0) for spec in specs))
+    else:
+        await asyncio.gather(*(source.read(spec, now) for spec in specs))
     return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def report(totals: dict[str, list[float]], workloads: int, rounds: int, history: bool) -> None:
+    what = "warm-start histories (60 s at 5 s)" if history else "reads"
+    reads = workloads * rounds
+    print(
+        f"{workloads} vLLM workloads' {what} at once through a real Prometheus, "
+        f"{rounds} rounds each way"
+    )
+    print(f"{'':>14} {'CPU ms each':>12} {'wall s/batch':>13} {'Prometheus CPU ms each':>23}")
+    for name, (cpu, wall, prom) in totals.items():
+        print(
+            f"{name:>14} {1000 * cpu / reads:>12.2f} {wall / rounds:>13.2f} "
+            f"{1000 * prom / reads:>23.2f}"
+        )
+    base, new = totals["one per query"], totals["combined"]
+    print(
+        f"{'ratio':>14} {base[0] / new[0]:>11.2f}x {base[1] / new[1]:>12.2f}x "
+        f"{base[2] / max(new[2], 1e-9):>22.2f}x   (one per query / combined)\n"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prometheus", default=shutil.which("prometheus"), help="its binary")
     args = parser.parse_args()
     pods = [serve_text((SAMPLES / name).read_bytes()) for name in PODS]
     targets = [f"127.0.0.1:{pod.server_address[1]}" for pod in pods]
     with tempfile.TemporaryDirectory(prefix="bench-prometheus-") as tmp:
-        proc, url = start_prometheus(targets, Path(tmp))
+        proc, url = start_prometheus(targets, Path(tmp), args.prometheus)
         try:
             specs = [
                 resolve(
@@ -144,34 +173,20 @@ def main() -> None:
             for field in SIGNAL_FIELDS:
                 if getattr(signals[0], field) != getattr(signals[1], field):
                     raise SystemExit(f"{field}: combined and one per query disagree: {signals}")
-            totals = {name: [0.0, 0.0, 0.0] for name in ways}
-            for number in range(args.rounds):
-                order = list(ways) if number % 2 == 0 else list(ways)[::-1]
-                for name in order:
-                    before = prometheus_cpu_s(proc.pid)
-                    cpu, wall = asyncio.run(read_all(ways[name], specs))
-                    prom = prometheus_cpu_s(proc.pid) - before
-                    for i, value in enumerate((cpu, wall, prom)):
-                        totals[name][i] += value
+            for history in (False, True):
+                totals = {name: [0.0, 0.0, 0.0] for name in ways}
+                for number in range(args.rounds):
+                    order = list(ways) if number % 2 == 0 else list(ways)[::-1]
+                    for name in order:
+                        before = prometheus_cpu_s(proc.pid)
+                        cpu, wall = asyncio.run(read_all(ways[name], specs, history))
+                        prom = prometheus_cpu_s(proc.pid) - before
+                        for i, value in enumerate((cpu, wall, prom)):
+                            totals[name][i] += value
+                report(totals, args.workloads, args.rounds, history)
         finally:
             proc.terminate()
             proc.wait(timeout=15)
-    reads = args.workloads * args.rounds
-    print(
-        f"{args.workloads} vLLM workloads read at once through a real Prometheus, "
-        f"{args.rounds} rounds each way"
-    )
-    print(f"{'':>14} {'CPU ms/read':>12} {'wall s/batch':>13} {'Prometheus CPU ms/read':>23}")
-    for name, (cpu, wall, prom) in totals.items():
-        print(
-            f"{name:>14} {1000 * cpu / reads:>12.2f} {wall / args.rounds:>13.2f} "
-            f"{1000 * prom / reads:>23.2f}"
-        )
-    base, new = totals["one per query"], totals["combined"]
-    print(
-        f"{'ratio':>14} {base[0] / new[0]:>11.2f}x {base[1] / new[1]:>12.2f}x "
-        f"{base[2] / max(new[2], 1e-9):>22.2f}x   (one per query / combined)"
-    )
     for pod in pods:
         pod.shutdown()
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -252,8 +254,9 @@ async def test_prometheus_source_scopes_by_namespace_and_selector(start_promethe
 
 
 async def test_a_read_asks_a_real_prometheus_in_a_few_combined_requests(start_prometheus):
-    """The read's queries go to Prometheus combined (label_replace ... or ...), a few requests
-    instead of one per signal, and give the values that one query per signal gives."""
+    """A read's (and a warm start's) queries go to Prometheus combined (label_replace ... or
+    ...), a few requests instead of one per signal, and give the values that one query per
+    signal gives."""
     with MetricsEndpoint(VLLM) as pod0, MetricsEndpoint(VLLM_KV) as pod1:
         prom = await asyncio.to_thread(
             start_prometheus,
@@ -285,6 +288,52 @@ async def test_a_read_asks_a_real_prometheus_in_a_few_combined_requests(start_pr
         assert one.waiting is not None and one.kv_cache_usage is not None
         for field in SIGNAL_FIELDS:
             assert getattr(one, field) == pytest.approx(getattr(other, field)), field
+        # The warm start's range queries too.
+        asked.clear()
+        range_asked: list[str] = []
+        ask_range = combined._client.custom_query_range
+
+        def counted_range(query: str, *args: Any) -> Any:
+            range_asked.append(query)
+            return ask_range(query, *args)
+
+        combined._client.custom_query_range = counted_range  # type: ignore[method-assign]
+        await asyncio.sleep(4.0)  # a few scrapes stored since the reads
+        end = time.time()
+        history = await combined.history(spec, end - 10.0, end, 1.0)
+        expected = await plain.history(spec, end - 10.0, end, 1.0)
+        assert 1 <= len(range_asked) <= 2
+        assert len(history) == len(expected) >= 3
+        assert [s.at for s in history] == [s.at for s in expected]
+        for got, want in zip(history, expected, strict=True):
+            for field in SIGNAL_FIELDS:
+                assert getattr(got, field) == pytest.approx(getattr(want, field)), field
+        assert any(s.waiting is not None for s in history)
+
+
+def test_prometheus_reads_bench_prints_both_ways(prometheus_bin: str) -> None:
+    """bench/prometheus_reads.py (figures in the README) runs against a real Prometheus, checks
+    that both ways read the same signals, and prints reads and histories with their ratios."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "prometheus_reads.py"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--workloads=5",
+            "--rounds=1",
+            f"--prometheus={prometheus_bin}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "5 vLLM workloads' reads at once" in out
+    assert "warm-start histories" in out
+    ratios = [line for line in out.splitlines() if line.strip().startswith("ratio")]
+    assert len(ratios) == 2 and all("(one per query / combined)" in r for r in ratios)
 
 
 async def test_prometheus_outage_holds_the_target_and_recovers(

@@ -339,15 +339,18 @@ class PrometheusSource:
     async def history(
         self, spec: WorkloadSpec, start: float, end: float, step: float
     ) -> list[Signal]:
-        """Range queries on the tick grid (start, start+step, ... < end) for the warm start."""
+        """Range queries on the tick grid (start, start+step, ... < end) for the warm start, the
+        signals combined as a read's are (a group whose combined query Prometheus refuses or
+        garbles is asked again one query per signal); any failure fails the history."""
         if end <= start:
             return []
         matchers, exprs = _plan(spec)
-        grid: dict[float, dict[str, float]] = {}
+        queries = {field: render(expr, spec, matchers) for field, expr in exprs.items()}
         last = start + math.floor((end - start) / step - 1e-9) * step
+        loop = asyncio.get_running_loop()
 
-        def fetch(query: str) -> list[dict[str, object]]:
-            result: list[dict[str, object]] = self._client.custom_query_range(
+        def fetch(query: str) -> object:
+            result: object = self._client.custom_query_range(
                 query,
                 datetime.fromtimestamp(start, UTC),
                 datetime.fromtimestamp(last, UTC),
@@ -357,28 +360,41 @@ class PrometheusSource:
             )
             return result
 
-        for field, expr in exprs.items():
-            try:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, fetch, render(expr, spec, matchers)
-                )
-                for series in result[:1]:
-                    for ts, raw in series.get("values", []):  # type: ignore[attr-defined]
+        async def answers(group: list[str]) -> dict[str, object]:
+            if self.combine and len(group) > 1:
+                combined = combined_query({field: queries[field] for field in group})
+                try:
+                    return dict(
+                        split_answer(await loop.run_in_executor(self._pool, fetch, combined), group)
+                    )
+                except (PrometheusApiClientException, ValueError, KeyError, TypeError):
+                    pass  # Prometheus answered, but not for all of them: one by one
+            results = await asyncio.gather(
+                *(loop.run_in_executor(self._pool, fetch, queries[field]) for field in group)
+            )
+            return dict(zip(group, results, strict=True))
+
+        grid: dict[float, dict[str, float]] = {}
+        try:
+            groups = await asyncio.gather(*(answers(g) for g in combined_groups(queries)))
+            for field, result in ((f, r) for group in groups for f, r in group.items()):
+                for series in result[:1]:  # type: ignore[index]
+                    for ts, raw in series.get("values", []):
                         value = float(raw)
                         if math.isfinite(value):
                             tick = start + round((float(ts) - start) / step) * step
                             grid.setdefault(tick, {})[field] = value
-            except (
-                RequestException,
-                PrometheusApiClientException,
-                AttributeError,  # the answer parsed, but not as a range result
-                KeyError,
-                TypeError,
-                ValueError,
-                OverflowError,
-                RecursionError,
-            ) as exc:
-                raise SourceError(f"prometheus at {self.url}: history: {exc}"[:300]) from None
+        except (
+            RequestException,
+            PrometheusApiClientException,
+            AttributeError,  # the answer parsed, but not as a range result
+            KeyError,
+            TypeError,
+            ValueError,
+            OverflowError,
+            RecursionError,
+        ) as exc:
+            raise SourceError(f"prometheus at {self.url}: history: {exc}"[:300]) from None
         return [
             Signal.from_values(tick, "prometheus-history", grid[tick])
             for tick in sorted(t for t in grid if start <= t < end)
