@@ -253,6 +253,19 @@ async def test_prometheus_source_scopes_by_namespace_and_selector(start_promethe
         assert evaluation.value == -(-in_flight // 4)
 
 
+def record_queries(source: PrometheusSource, method: str) -> list[str]:
+    """The queries `source` sends through its client's `method`, as they are sent."""
+    asked: list[str] = []
+    send = getattr(source._client, method)
+
+    def recorded(query: str, *args: Any) -> Any:
+        asked.append(query)
+        return send(query, *args)
+
+    setattr(source._client, method, recorded)
+    return asked
+
+
 async def test_a_read_asks_a_real_prometheus_in_a_few_combined_requests(start_prometheus):
     """A read's (and a warm start's) queries go to Prometheus combined (label_replace ... or
     ...), a few requests instead of one per signal, and give the values that one query per
@@ -273,14 +286,8 @@ async def test_a_read_asks_a_real_prometheus_in_a_few_combined_requests(start_pr
         metadata = {"backend": "vllm", "serverAddress": prom.url, "model": "tiny-llama"}
         spec = resolve(parse_trigger("team-a", "llama", metadata), Config())
         combined, plain = PrometheusSource(prom.url), PrometheusSource(prom.url, combine=False)
-        asked: list[str] = []
-        ask = combined._client.custom_query
-
-        def counted(query: str, *args: Any) -> Any:
-            asked.append(query)
-            return ask(query, *args)
-
-        combined._client.custom_query = counted  # type: ignore[method-assign]
+        asked = record_queries(combined, "custom_query")
+        range_asked = record_queries(combined, "custom_query_range")
         now = time.time()
         one, other = await combined.read(spec, now), await plain.read(spec, now)
         assert 1 <= len(asked) <= 2  # vLLM: 12 queries (with the sample age) in one or two
@@ -289,15 +296,6 @@ async def test_a_read_asks_a_real_prometheus_in_a_few_combined_requests(start_pr
         for field in SIGNAL_FIELDS:
             assert getattr(one, field) == pytest.approx(getattr(other, field)), field
         # The warm start's range queries too.
-        asked.clear()
-        range_asked: list[str] = []
-        ask_range = combined._client.custom_query_range
-
-        def counted_range(query: str, *args: Any) -> Any:
-            range_asked.append(query)
-            return ask_range(query, *args)
-
-        combined._client.custom_query_range = counted_range  # type: ignore[method-assign]
         await asyncio.sleep(4.0)  # a few scrapes stored since the reads
         end = time.time()
         history = await combined.history(spec, end - 10.0, end, 1.0)
