@@ -260,7 +260,7 @@ class PrometheusSource:
         self, key: str, queries: Mapping[str, str], timeout_s: float
     ) -> list[float | BaseException]:
         """Each query's value or error, in order: a few requests for all of them
-        (`combined_queries`) where it can, else one request per query.
+        (`combined_groups`, `combined_query`) where it can, else one request per query.
 
         One request per query was ~3.5 ms of this process's CPU each (requests in a thread
         pool; `bench/prometheus_reads.py`), 12 per vLLM read: a scaler polling 1,000 workloads
@@ -272,6 +272,8 @@ class PrometheusSource:
         leaves only its own signal missing. Not answering at all (down, refused) is the same for
         every query: no second round."""
         split = not self.combine or self._split_until.get(key, 0.0) > time.monotonic()
+        if not split:
+            self._split_until.pop(key, None)
         groups = [[field] for field in queries] if split else combined_groups(queries)
         results = await asyncio.gather(
             *(self._group(key, {f: queries[f] for f in group}, timeout_s) for group in groups)
