@@ -388,6 +388,30 @@ async def start_with(
     return server, spec
 
 
+async def test_long_custom_queries_are_combined_within_the_url_budget(prometheus: Any) -> None:
+    """Custom queries of thousands of characters (up to 4,000 are accepted) still read, each
+    request's URL-encoded query within MAX_QUERY_URL_CHARS: a long query gets a request of its
+    own (as every query had before they were combined) rather than making a combined request
+    longer still."""
+    padding = " + ".join(
+        f'(sum(my_queue_depth{{$selector, shard="{i:03d}"}}) or vector(0))' for i in range(60)
+    )
+    long_query = f"({padding})"
+    assert 3000 < len(long_query) <= 4000
+    server, spec = await start_with(
+        prometheus, {}, waitingQuery=long_query, runningQuery=long_query.replace("depth", "run")
+    )
+    signal = await read(PrometheusSource(server.url), spec)
+    assert signal.waiting == GOOD["waiting"] and signal.running == GOOD["running"]
+    assert signal.arrival_rate == GOOD["arrival_rate"]
+    assert signal.reasons == ()
+    assert 2 < len(server.queries) < len(SIGNAL_FIELDS) + 1
+    own = set(rendered(spec).values())
+    for query in server.queries:  # within the budget, or one signal's query on its own
+        assert len(quote_plus(query)) <= MAX_QUERY_URL_CHARS or query in own
+    assert any(q in own for q in server.queries)  # the long ones went alone
+
+
 async def test_no_series_leaves_the_field_missing_with_a_reason(prometheus: Any) -> None:
     server, spec = await start_with(prometheus, {"waiting": vector()})
     signal = await read(PrometheusSource(server.url), spec)
