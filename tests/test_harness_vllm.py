@@ -13,7 +13,7 @@ import pytest
 
 from scaler.httpclient import async_client
 from tests.servers.base import LoadTally
-from tests.servers.vllm import VllmServer, metric_sums, missing_install, vllm_load
+from tests.servers.vllm import VllmServer, metric_sums, require_install, vllm_load
 
 pytestmark = [pytest.mark.real_servers, pytest.mark.slow]
 
@@ -71,9 +71,7 @@ async def test_waiting_queue_builds_under_concurrent_load(vllm_server: VllmServe
 
 @pytest.mark.timeout(420)
 async def test_kv_cache_fills_with_few_blocks() -> None:
-    reason = await asyncio.to_thread(missing_install)
-    if reason:
-        pytest.fail(f"real vLLM server unavailable: {reason}", pytrace=False)
+    await asyncio.to_thread(require_install)
     server = VllmServer(extra_args=KV_PRESSURE_ARGS)
     await asyncio.to_thread(server.start)
     tally = LoadTally()

@@ -5,7 +5,7 @@ Queries are scoped to one deployment: the model label, the ScaledObject's namesp
 retries (urllib3 `Retry`: connection errors and 502/503/504, with backoff); a query that fails,
 times out, returns garbage or a non-finite value leaves its signal missing with the reason, and when
 every query fails the read fails, so the engine holds the last target (fail static). A read's
-queries travel combined in one or two requests (`combined_query`, `PrometheusSource._answers`).
+queries travel combined in one or two requests (`combined_query`, `PrometheusSource._results`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from urllib.parse import quote_plus
@@ -176,6 +176,9 @@ def _value(result: object) -> float:
 
 
 def _outcome(result: object) -> float | BaseException:
+    """A query's value, or why it has none (the exception its request raised, or its result's)."""
+    if isinstance(result, BaseException):
+        return result
     try:
         return _value(result)
     except (ValueError, LookupError) as exc:
@@ -234,14 +237,12 @@ class PrometheusSource:
         self._cache: dict[str, tuple[float, Signal]] = {}
         self._split_until: dict[str, float] = {}  # workload -> one query per signal until then
 
-    async def _fetch(self, query: str, timeout_s: float) -> object:
-        """One instant query's result list; ConnectionError when Prometheus did not answer (down,
-        refused, timed out), ValueError when it answered with an error or garbage."""
-        loop = asyncio.get_running_loop()
+    async def _ask(self, send: Callable[[], object], timeout_s: float) -> object:
+        """`send()` (one request through the client) in the pool: its result, ConnectionError when
+        Prometheus did not answer (down, refused, timed out), ValueError when it answered with an
+        error or garbage."""
         try:
-            result: object = await loop.run_in_executor(
-                self._pool, self._client.custom_query, query, None, timeout_s
-            )
+            return await asyncio.get_running_loop().run_in_executor(self._pool, send)
         except (JSONDecodeError, KeyError, TypeError, IndexError, RecursionError) as exc:
             # requests' JSONDecodeError is a RequestException too, but Prometheus did answer
             raise ValueError(f"prometheus at {self.url} answered garbage: {exc!r}"[:300]) from None
@@ -251,54 +252,55 @@ class PrometheusSource:
             raise ValueError(f"prometheus at {self.url} answered {exc}"[:300]) from None
         except ValueError as exc:
             raise ValueError(f"prometheus at {self.url} answered garbage: {exc!r}"[:300]) from None
-        return result
 
-    async def _query(self, query: str, timeout_s: float) -> float:
-        return _value(await self._fetch(query, timeout_s))
+    async def _instant(self, query: str, timeout_s: float) -> object:
+        """One instant query's result (`_ask`)."""
+        return await self._ask(lambda: self._client.custom_query(query, None, timeout_s), timeout_s)
 
-    async def _answers(
-        self, key: str, queries: Mapping[str, str], timeout_s: float
-    ) -> list[float | BaseException]:
-        """Each query's value or error, in order: a few requests for all of them
-        (`combined_groups`, `combined_query`) where it can, else one request per query.
+    async def _results(
+        self, key: str | None, queries: Mapping[str, str], ask: Callable[[str], Awaitable[object]]
+    ) -> dict[str, object]:
+        """Each query's result (as its own request would have it) or the exception, asked in a
+        few requests (`combined_groups`, `combined_query`) where it can, else one per query.
 
         One request per query was ~3.5 ms of this process's CPU each (requests in a thread
         pool; `bench/prometheus_reads.py`), 12 per vLLM read: a scaler polling 1,000 workloads
         every 5 s would need ~8 cores for that alone. When Prometheus answers a combined query
         with an error or a malformed answer (a custom query that is not an instant vector, say),
         its queries are asked again one by one, so the reasons name the query at fault; when it
-        times out (one slow custom query holds up the whole expression), its signals are missing
-        in this read and the workload asks one query per signal for SPLIT_S, so a slow query
-        leaves only its own signal missing. Not answering at all (down, refused) is the same for
+        times out (one slow custom query holds up the whole expression), its signals fail in this
+        round and the workload `key` (None: nothing remembered, as for a warm start's one-off
+        history) asks one query per signal for SPLIT_S, so a slow query leaves only its own
+        signal missing. Not answering at all (down, refused) is the same for
         every query: no second round."""
-        split = not self.combine or self._split_until.get(key, 0.0) > time.monotonic()
-        if not split:
+        split = not self.combine or (
+            key is not None and self._split_until.get(key, 0.0) > time.monotonic()
+        )
+        if not split and key is not None:
             self._split_until.pop(key, None)
         groups = [[field] for field in queries] if split else combined_groups(queries)
-        results = await asyncio.gather(
-            *(self._group(key, {f: queries[f] for f in group}, timeout_s) for group in groups)
-        )
-        found = {field: value for result in results for field, value in result.items()}
-        return [found[field] for field in queries]
+        found: dict[str, object] = {}
+        for part in await asyncio.gather(
+            *(self._group(key, {f: queries[f] for f in group}, ask) for group in groups)
+        ):
+            found.update(part)
+        return found
 
     async def _group(
-        self, key: str, queries: dict[str, str], timeout_s: float
-    ) -> dict[str, float | BaseException]:
-        """The values of `queries`, asked in one request when there are several."""
+        self, key: str | None, queries: dict[str, str], ask: Callable[[str], Awaitable[object]]
+    ) -> dict[str, object]:
+        """`_results` for one group: in one request when there are several."""
         if len(queries) > 1:
             try:
-                parts = split_answer(await self._fetch(combined_query(queries), timeout_s), queries)
+                return dict(split_answer(await ask(combined_query(queries)), queries))
             except ConnectionError as exc:
-                if "timed out" in str(exc):
+                if key is not None and "timed out" in str(exc):
                     self._split_until[key] = time.monotonic() + SPLIT_S
                 return dict.fromkeys(queries, exc)
             except ValueError:
-                self._split_until[key] = time.monotonic() + SPLIT_S
-            else:
-                return {field: _outcome(parts[field]) for field in queries}
-        answers = await asyncio.gather(
-            *(self._query(q, timeout_s) for q in queries.values()), return_exceptions=True
-        )
+                if key is not None:
+                    self._split_until[key] = time.monotonic() + SPLIT_S
+        answers = await asyncio.gather(*(ask(q) for q in queries.values()), return_exceptions=True)
         return dict(zip(queries, answers, strict=True))
 
     async def read(self, spec: WorkloadSpec, at: float) -> Signal:
@@ -311,11 +313,14 @@ class PrometheusSource:
         age_query = _age_query(spec, exprs, matchers)
         if age_query:
             queries["_newest"] = age_query
-        answers = await self._answers(key, queries, spec.query_timeout_s)
+        results = await self._results(
+            key, queries, lambda query: self._instant(query, spec.query_timeout_s)
+        )
         values: dict[str, float | None] = {}
         reasons: list[str] = []
         errors = 0
-        for (field, query), answer in zip(queries.items(), answers, strict=True):
+        for field, query in queries.items():
+            answer = _outcome(results[field])
             if isinstance(answer, BaseException):
                 if not isinstance(answer, Exception):
                     raise answer
@@ -341,45 +346,36 @@ class PrometheusSource:
     async def history(
         self, spec: WorkloadSpec, start: float, end: float, step: float
     ) -> list[Signal]:
-        """Range queries on the tick grid (start, start+step, ... < end) for the warm start, the
-        signals combined as a read's are (a group whose combined query Prometheus refuses or
-        garbles is asked again one query per signal); any failure fails the history."""
+        """Range queries on the tick grid (start, start+step, ... < end) for the warm start, asked
+        as a read's are (`_results`); any failure fails the history."""
         if end <= start:
             return []
         matchers, exprs = _plan(spec)
         queries = {field: render(expr, spec, matchers) for field, expr in exprs.items()}
         last = start + math.floor((end - start) / step - 1e-9) * step
-        loop = asyncio.get_running_loop()
+        timeout = spec.query_timeout_s * 4
 
-        def fetch(query: str) -> object:
-            result: object = self._client.custom_query_range(
-                query,
-                datetime.fromtimestamp(start, UTC),
-                datetime.fromtimestamp(last, UTC),
-                f"{max(1, round(step * 1000))}ms",  # Prometheus durations are integers
-                None,
-                spec.query_timeout_s * 4,
+        def ranged(query: str) -> Awaitable[object]:
+            return self._ask(
+                lambda: self._client.custom_query_range(
+                    query,
+                    datetime.fromtimestamp(start, UTC),
+                    datetime.fromtimestamp(last, UTC),
+                    f"{max(1, round(step * 1000))}ms",  # Prometheus durations are integers
+                    None,
+                    timeout,
+                ),
+                timeout,
             )
-            return result
 
-        async def answers(group: list[str]) -> dict[str, object]:
-            if self.combine and len(group) > 1:
-                combined = combined_query({field: queries[field] for field in group})
-                try:
-                    return dict(
-                        split_answer(await loop.run_in_executor(self._pool, fetch, combined), group)
-                    )
-                except (PrometheusApiClientException, ValueError, KeyError, TypeError):
-                    pass  # Prometheus answered, but not for all of them: one by one
-            results = await asyncio.gather(
-                *(loop.run_in_executor(self._pool, fetch, queries[field]) for field in group)
-            )
-            return dict(zip(group, results, strict=True))
-
+        results = await self._results(
+            f"{spec.workload}|{spec.trigger.metric_name}", queries, ranged
+        )
         grid: dict[float, dict[str, float]] = {}
         try:
-            groups = await asyncio.gather(*(answers(g) for g in combined_groups(queries)))
-            for field, result in ((f, r) for group in groups for f, r in group.items()):
+            for field, result in results.items():
+                if isinstance(result, BaseException):
+                    raise result
                 for series in result[:1]:  # type: ignore[index]
                     for ts, raw in series.get("values", []):
                         value = float(raw)
@@ -387,8 +383,6 @@ class PrometheusSource:
                             tick = start + round((float(ts) - start) / step) * step
                             grid.setdefault(tick, {})[field] = value
         except (
-            RequestException,
-            PrometheusApiClientException,
             AttributeError,  # the answer parsed, but not as a range result
             KeyError,
             TypeError,

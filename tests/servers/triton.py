@@ -68,6 +68,13 @@ def missing_install() -> str | None:
     return None if TRITON_PYTHON.exists() else triton_venv_missing_message()
 
 
+def require_install() -> None:
+    """Fail the test, naming why, when `missing_install` finds a reason."""
+    reason = missing_install()
+    if reason:
+        pytest.fail(f"real Triton server unavailable: {reason}", pytrace=False)
+
+
 def triton_venv_missing_message() -> str:
     return (
         f"{TRITON_PYTHON.relative_to(REPO_ROOT)} not found: the real Triton tests need their own "
@@ -327,9 +334,7 @@ def triton_server() -> Iterator[TritonServer]:
     Batches of 8 take 0.2 s (40 req/s): the queue tests need a queue that a slow, GIL-sharing
     in-process client still builds (at 50 ms, 160 req/s, a loaded CI runner kept only ~5
     waiting under 32 clients)."""
-    reason = missing_install()
-    if reason:
-        pytest.fail(f"real Triton server unavailable: {reason}", pytrace=False)
+    require_install()
     server = TritonServer(batch_sleep_s=SESSION_BATCH_SLEEP_S)
     try:
         server.start()
@@ -350,6 +355,7 @@ __all__ = [
     "TritonStartError",
     "infer_body",
     "missing_install",
+    "require_install",
     "triton_load",
     "triton_server",
 ]

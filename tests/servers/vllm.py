@@ -69,6 +69,13 @@ def missing_install() -> str | None:
     return None
 
 
+def require_install() -> None:
+    """Fail the test, naming why, when `missing_install` finds a reason."""
+    reason = missing_install()
+    if reason:
+        pytest.fail(f"real vLLM server unavailable: {reason}", pytrace=False)
+
+
 class VllmServer(StartStop):
     """`python -m vllm.entrypoints.openai.api_server` on 127.0.0.1:PORT serving the tiny model.
 
@@ -346,8 +353,6 @@ async def metric_sums(client: httpx.AsyncClient, metrics_url: str) -> dict[str, 
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[VllmServer]:
     """One real vLLM server for the test session (default args: 2 running sequences at most)."""
-    reason = missing_install()
-    if reason:
-        pytest.fail(f"real vLLM server unavailable: {reason}", pytrace=False)
+    require_install()
     with VllmServer() as server:
         yield server
