@@ -26,6 +26,7 @@ from scaler.sources.prometheus import (
     MAX_QUERY_URL_CHARS,
     PrometheusSource,
     combined_groups,
+    combined_query,
     matchers_for,
     render,
 )
@@ -297,7 +298,7 @@ def combined_answer(query: str, answer: Callable[[str], Answer]) -> Answer | Non
     answer: the series of each, tagged with its signal. A part that fails the request (an HTTP
     error, garbage, a delay) fails the whole. None when `query` is not a combined one."""
     parts = [(m.group(1), m.group(2)) for m in COMBINED_PART.finditer(query)]
-    if not parts or " or ".join(f"{p}" for p in _wrapped(parts)) != query:
+    if not parts or combined_query({field: inner for inner, field in parts}) != query:
         return None
     series: list[dict[str, Any]] = []
     delay = 0.0
@@ -314,12 +315,6 @@ def combined_answer(query: str, answer: Callable[[str], Answer]) -> Answer | Non
         series += [{**s, "metric": {**s["metric"], FIELD_LABEL: field}} for s in result]
     doc = {"status": "success", "data": {"resultType": "vector", "result": series}}
     return Answer(body=json.dumps(doc).encode(), delay_s=delay)
-
-
-def _wrapped(parts: list[tuple[str, str]]) -> list[str]:
-    return [
-        f'label_replace(({inner}), "{FIELD_LABEL}", "{field}", "", "")' for inner, field in parts
-    ]
 
 
 def answers(
