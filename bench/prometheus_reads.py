@@ -1,19 +1,23 @@
-"""The Prometheus source's cost per read: combined queries against one request per query.
+"""The Prometheus source's cost per read: batched and combined queries against one per query.
 
-Usage: python bench/prometheus_reads.py [--workloads 200] [--rounds 3] [--prometheus PATH]
+Usage: python bench/prometheus_reads.py [--workloads 200] [--per-slot 20] [--rounds 3]
+       [--prometheus PATH]
 
 A scaler whose workloads read their signals through Prometheus asks it every
 queryIntervalSeconds (5 s) per workload: for vLLM, 11 signals and the sample age. Asked one
 request per query, 1,000 workloads are ~2,400 requests a second, each paying requests and JSON in
 this process. `PrometheusSource` combines a read's queries into one or two requests
-(`combined_query`). This bench starts a real Prometheus (Debian's `prometheus`, on 127.0.0.1 with
+(`combined_query`), and the reads of workloads that tick together into one request between them
+(`PrometheusSource._join`; the engine ticks ~20 workloads together at 1,000 workloads, one
+phase slot of 50). This bench starts a real Prometheus (Debian's `prometheus`, on 127.0.0.1 with
 a free port and a temporary TSDB) scraping two pods' worth of real vLLM /metrics text (served
 here on loopback from tests/data/metrics-samples), then reads `--workloads` workloads' signals
-(then their warm-start histories) at once, `--rounds` times each way, alternated, and prints
-this process's CPU per read, the wall time of the batch and Prometheus's CPU, with the ratios
-one-per-query / combined. The
-signals of both ways are checked equal before anything is timed. Only the Prometheus process
-started here is stopped, by PID.
+in waves of `--per-slot` at once (then their warm-start histories, all at once), `--rounds`
+times each way, alternated, and prints this process's CPU per read, the wall time of a round and
+Prometheus's CPU, with each way's ratio to the shipped one: *batched* (the default), *combined*
+(each read alone: `PrometheusSource(batch=False)`), *one per query* (`combine=False`; histories
+are never batched, so they compare the last two). The signals of every way are checked equal
+before anything is timed. Only the Prometheus process started here is stopped, by PID.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import httpx
 from scaler.config import Config
+from scaler.signals import Signal
 from scaler.sources.catalog import SIGNAL_FIELDS
 from scaler.sources.prometheus import PrometheusSource
 from scaler.trigger import parse_trigger
@@ -109,42 +114,67 @@ def prometheus_cpu_s(pid: int) -> float:
 
 
 async def read_all(
-    source: PrometheusSource, specs: list[WorkloadSpec], history: bool
+    source: PrometheusSource, specs: list[WorkloadSpec], history: bool, per_slot: int
 ) -> tuple[float, float]:
-    """Every workload's read (or warm-start history: the last 60 s at 5 s steps) at once:
-    (this process's CPU s, wall s)."""
+    """Every workload's read in waves of `per_slot` at once (or every warm-start history, the
+    last 60 s at 5 s steps, at once): (this process's CPU s, wall s)."""
     cpu, wall = time.process_time(), time.perf_counter()
     now = time.time()
     if history:
         await asyncio.gather(*(source.history(spec, now - 60.0, now, 5.0) for spec in specs))
     else:
-        await asyncio.gather(*(source.read(spec, now) for spec in specs))
+        for first in range(0, len(specs), per_slot):
+            wave = specs[first : first + per_slot]
+            await asyncio.gather(*(source.read(spec, now) for spec in wave))
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
-def report(totals: dict[str, list[float]], workloads: int, rounds: int, history: bool) -> None:
-    what = "warm-start histories (60 s at 5 s)" if history else "reads"
-    reads = workloads * rounds
-    print(
-        f"{workloads} vLLM workloads' {what} at once through a real Prometheus, "
-        f"{rounds} rounds each way"
+def report(
+    totals: dict[str, list[float]], workloads: int, rounds: int, history: bool, per_slot: int
+) -> None:
+    what = (
+        "warm-start histories (60 s at 5 s) at once"
+        if history
+        else f"reads in waves of {per_slot} at once"
     )
-    print(f"{'':>14} {'CPU ms each':>12} {'wall s/batch':>13} {'Prometheus CPU ms each':>23}")
+    reads = workloads * rounds
+    print(f"{workloads} vLLM workloads' {what} through a real Prometheus, {rounds} rounds each way")
+    print(f"{'':>14} {'CPU ms each':>12} {'wall s/round':>13} {'Prometheus CPU ms each':>23}")
     for name, (cpu, wall, prom) in totals.items():
         print(
             f"{name:>14} {1000 * cpu / reads:>12.2f} {wall / rounds:>13.2f} "
             f"{1000 * prom / reads:>23.2f}"
         )
-    base, new = totals["one per query"], totals["combined"]
-    print(
-        f"{'ratio':>14} {base[0] / new[0]:>11.2f}x {base[1] / new[1]:>12.2f}x "
-        f"{base[2] / max(new[2], 1e-9):>22.2f}x   (one per query / combined)\n"
-    )
+    new_name = next(iter(totals))
+    new = totals[new_name]
+    for name, base in list(totals.items())[1:]:
+        print(
+            f"{'ratio':>14} {base[0] / new[0]:>11.2f}x {base[1] / new[1]:>12.2f}x "
+            f"{base[2] / max(new[2], 1e-9):>22.2f}x   ({name} / {new_name})"
+        )
+    print()
+
+
+def check_agree(ways: dict[str, PrometheusSource], specs: list[WorkloadSpec]) -> None:
+    """Every way reads the same signals for the same workloads (read together, so the batched
+    way batches)."""
+
+    async def together(source: PrometheusSource, now: float) -> list[Signal]:
+        return list(await asyncio.gather(*(source.read(spec, now) for spec in specs)))
+
+    now = time.time()
+    signals = {name: asyncio.run(together(source, now)) for name, source in ways.items()}
+    first = next(iter(signals.values()))
+    for name, got in signals.items():
+        for field in SIGNAL_FIELDS:
+            if [getattr(s, field) for s in got] != [getattr(s, field) for s in first]:
+                raise SystemExit(f"{field}: {name} disagrees with the others: {signals}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", type=int, default=200)
+    parser.add_argument("--per-slot", type=int, default=20, help="reads that start together")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prometheus", default=shutil.which("prometheus"), help="its binary")
     args = parser.parse_args()
@@ -165,25 +195,22 @@ def main() -> None:
                 for i in range(args.workloads)
             ]
             ways = {
-                "combined": PrometheusSource(url),
+                "batched": PrometheusSource(url),
+                "combined": PrometheusSource(url, batch=False),
                 "one per query": PrometheusSource(url, combine=False),
             }
-            now = time.time()
-            signals = [asyncio.run(source.read(specs[0], now)) for source in ways.values()]
-            for field in SIGNAL_FIELDS:
-                if getattr(signals[0], field) != getattr(signals[1], field):
-                    raise SystemExit(f"{field}: combined and one per query disagree: {signals}")
+            check_agree(ways, specs[: max(2, args.per_slot)])
             for history in (False, True):
-                totals = {name: [0.0, 0.0, 0.0] for name in ways}
+                names = list(ways)[1:] if history else list(ways)
+                totals = {name: [0.0, 0.0, 0.0] for name in names}
                 for number in range(args.rounds):
-                    order = list(ways) if number % 2 == 0 else list(ways)[::-1]
-                    for name in order:
+                    for name in names if number % 2 == 0 else names[::-1]:
                         before = prometheus_cpu_s(proc.pid)
-                        cpu, wall = asyncio.run(read_all(ways[name], specs, history))
+                        cpu, wall = asyncio.run(read_all(ways[name], specs, history, args.per_slot))
                         prom = prometheus_cpu_s(proc.pid) - before
                         for i, value in enumerate((cpu, wall, prom)):
                             totals[name][i] += value
-                report(totals, args.workloads, args.rounds, history)
+                report(totals, args.workloads, args.rounds, history, args.per_slot)
         finally:
             proc.terminate()
             proc.wait(timeout=15)

@@ -20,8 +20,10 @@ import pytest
 
 from scaler.config import Config
 from scaler.sources import SourceError
+from scaler.sources import prometheus as prometheus_source
 from scaler.sources.catalog import CATALOGS, SIGNAL_FIELDS, signal_exprs
 from scaler.sources.prometheus import (
+    BATCH_MAX_QUERY_CHARS,
     FIELD_LABEL,
     MAX_QUERY_URL_CHARS,
     PrometheusSource,
@@ -215,11 +217,13 @@ def vector(*values: float | str) -> Answer:
 
 
 class FakePrometheus:
-    """`GET /api/v1/query` on 127.0.0.1:<free port>, in a thread. `answer(query)` decides."""
+    """`GET /api/v1/query` (and POST, the query in a form body) on 127.0.0.1:<free port>, in a
+    thread. `answer(query)` decides."""
 
     def __init__(self, answer: Callable[[str], Answer]) -> None:
         self.answer = answer
         self.queries: list[str] = []
+        self.posted: list[str] = []  # the queries that came in a POSTed body
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         fake = self
@@ -227,10 +231,19 @@ class FakePrometheus:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 url = urllib.parse.urlsplit(self.path)
-                query = urllib.parse.parse_qs(url.query).get("query", [""])[0]
+                self.reply(url.path, urllib.parse.parse_qs(url.query).get("query", [""])[0])
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                query = urllib.parse.parse_qs(body.decode()).get("query", [""])[0]
+                with fake._lock:
+                    fake.posted.append(query)
+                self.reply(urllib.parse.urlsplit(self.path).path, query)
+
+            def reply(self, path: str, query: str) -> None:
                 with fake._lock:
                     fake.queries.append(query)
-                reply = fake.answer(query) if url.path == "/api/v1/query" else Answer(404)
+                reply = fake.answer(query) if path == "/api/v1/query" else Answer(404)
                 if reply.delay_s and fake._stopping.wait(reply.delay_s):
                     return
                 write_reply(self, reply.status, reply.body, "application/json")
@@ -289,7 +302,7 @@ GOOD = {
 
 
 COMBINED_PART = re.compile(
-    r'label_replace\(\((.*?)\), "' + FIELD_LABEL + r'", "(\w+)", "", ""\)(?: or |$)'
+    r'label_replace\(\((.*?)\), "' + FIELD_LABEL + r'", "([\w/]+)", "", ""\)(?=\)* or |\)*$)'
 )
 
 
@@ -552,3 +565,157 @@ async def test_query_interval_zero_queries_every_read(prometheus: Any) -> None:
     await read(source, spec, at=1000.0)
     await read(source, spec, at=1000.0)
     assert server.requests == 2 * requests_per_read(spec)
+
+
+# --- reads of several workloads in one request -------------------------------------------------
+
+
+def team(server: FakePrometheus, size: int, **extra: str) -> list[WorkloadSpec]:
+    """`size` vLLM workloads on `server`, each its own model (so its own queries)."""
+    return [
+        resolve(
+            parse_trigger(
+                "team-a",
+                f"llama-{i}",
+                {"backend": "vllm", "model": f"m{i}", "serverAddress": server.url, **extra},
+            ),
+            Config(),
+        )
+        for i in range(size)
+    ]
+
+
+def team_answers(
+    specs: list[WorkloadSpec], special: dict[tuple[int, str], Answer] | None = None
+) -> Callable[[str], Answer]:
+    """Workload i's `waiting` is 100 + i (so an answer routed to the wrong workload shows), the
+    rest GOOD; (i, field) in `special` answers otherwise; combined queries from their parts."""
+    by_query = {q: (i, f) for i, spec in enumerate(specs) for f, q in rendered(spec).items()}
+    special = special or {}
+
+    def answer(query: str) -> Answer:
+        found = by_query.get(query)
+        if found is None:
+            if query.startswith("max(timestamp("):
+                return vector(time.time())
+            return combined_answer(query, answer) or Answer(400, b'{"error":"unexpected"}')
+        if found in special:
+            return special[found]
+        i, field = found
+        return vector(100.0 + i if field == "waiting" else GOOD[field])
+
+    return answer
+
+
+async def read_together(source: PrometheusSource, specs: list[WorkloadSpec], at: float) -> Any:
+    """Every workload's read started at once, as the engine's ticks of one phase slot are."""
+    return await asyncio.gather(*(read(source, spec, at) for spec in specs))
+
+
+@pytest.fixture
+def one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches bounded by BATCH_MAX_READS only, so a test's few workloads make one."""
+    monkeypatch.setattr(prometheus_source, "BATCH_MAX_QUERY_CHARS", 10**9)
+
+
+def assert_own_values(signals: list[Any]) -> None:
+    for i, signal in enumerate(signals):
+        assert signal.waiting == 100.0 + i
+        assert signal.running == GOOD["running"] and signal.ready_pods == 2
+        assert signal.reasons == ()
+
+
+async def test_workloads_that_read_together_share_one_request(
+    prometheus: Any, one_batch: None
+) -> None:
+    """Twelve workloads ticking together are one POSTed request (their 144 queries combined),
+    each workload's values its own, as twelve reads alone would have them."""
+    holder: dict[str, Callable[[str], Answer]] = {}
+    server = prometheus(lambda query: holder["answer"](query))
+    specs = team(server, 12, queryIntervalSeconds="0")
+    holder["answer"] = team_answers(specs)
+    signals = await read_together(PrometheusSource(server.url), specs, 1000.0)
+    assert server.requests == 1 and len(server.posted) == 1
+    assert_own_values(signals)
+    alone = [await read(PrometheusSource(server.url), spec, 1000.0) for spec in specs]
+    assert len(server.posted) == 1  # a read with no company asks alone, still combined
+    assert server.requests == 1 + 12 * requests_per_read(specs[0])
+    assert [s.waiting for s in alone] == [s.waiting for s in signals]
+
+
+async def test_a_batch_stays_within_its_query_budget(prometheus: Any) -> None:
+    """Prometheus's cost per query grows faster than its length: twelve workloads that tick
+    together go as a few requests of about BATCH_MAX_QUERY_CHARS each, every query asked once."""
+    holder: dict[str, Callable[[str], Answer]] = {}
+    server = prometheus(lambda query: holder["answer"](query))
+    specs = team(server, 12, queryIntervalSeconds="0")
+    holder["answer"] = team_answers(specs)
+    assert_own_values(await read_together(PrometheusSource(server.url), specs, 1000.0))
+    one_read = len(combined_query(rendered(specs[0])))
+    assert 2 <= len(server.posted) <= 12 * one_read // BATCH_MAX_QUERY_CHARS + 1
+    for query in server.posted:
+        assert len(query) < BATCH_MAX_QUERY_CHARS + 2 * one_read
+    tags = [[m.group(2) for m in COMBINED_PART.finditer(query)] for query in server.posted]
+    assert all(len(set(each)) == len(each) for each in tags)
+    assert sum(map(len, tags)) == 12 * (len(SIGNAL_FIELDS) + 1)
+
+
+async def test_a_bad_query_in_a_batch_costs_only_its_own_signal(
+    prometheus: Any, one_batch: None
+) -> None:
+    """Prometheus rejects the batch for one workload's query: every workload asks again alone in
+    the same read, so only that workload's signal is missing, with a reason naming its query;
+    the next reads batch the others again, without the one at fault."""
+    holder: dict[str, Callable[[str], Answer]] = {}
+    server = prometheus(lambda query: holder["answer"](query))
+    specs = team(server, 6, queryIntervalSeconds="0")
+    bad = Answer(400, b'{"status":"error","error":"parse error"}')
+    holder["answer"] = team_answers(specs, {(3, "running"): bad})
+    source = PrometheusSource(server.url)
+    first = await read_together(source, specs, 1000.0)
+    assert [s.waiting for s in first] == [100.0 + i for i in range(6)]
+    assert first[3].running is None
+    assert any(r.startswith("running:") and "400" in r for r in first[3].reasons)
+    assert all(
+        s.running == GOOD["running"] and s.reasons == () for i, s in enumerate(first) if i != 3
+    )
+    posted = len(server.posted)
+    second = await read_together(source, specs, 1010.0)
+    assert len(server.posted) == posted + 1  # the five others, together again
+    assert [s.waiting for s in second] == [100.0 + i for i in range(6)]
+    assert second[3].running is None and second[3].waiting == 103.0
+
+
+async def test_a_batch_that_times_out_sends_its_workloads_alone(
+    prometheus: Any, one_batch: None
+) -> None:
+    """One workload's slow query holds up the whole batch past its timeout: that read's signals
+    are missing for every workload in it (each read fails, and the engine holds each target),
+    within the read's bounded time; the next reads ask alone (only the slow workload's fails),
+    and the one after asks the slow workload's queries one by one: only its slow signal is
+    missing."""
+    holder: dict[str, Callable[[str], Answer]] = {}
+    server = prometheus(lambda query: holder["answer"](query))
+    specs = team(server, 4, queryIntervalSeconds="0", queryTimeoutSeconds="0.5")
+    holder["answer"] = team_answers(specs, {(2, "waiting"): Answer(delay_s=8.0)})
+    source = PrometheusSource(server.url)
+
+    async def together(at: float) -> list[Any]:
+        started = time.monotonic()
+        outcomes = await asyncio.gather(
+            *(read(source, spec, at) for spec in specs), return_exceptions=True
+        )
+        assert time.monotonic() - started < 3 * 0.5 + 2
+        return outcomes
+
+    first = await together(1000.0)
+    assert all(isinstance(outcome, SourceError) for outcome in first)
+    assert "timed out" in str(first[0])
+    posted = len(server.posted)
+    second = await together(1010.0)
+    assert len(server.posted) == posted  # alone now
+    assert [getattr(s, "waiting", None) for s in second] == [100.0, 101.0, None, 103.0]
+    assert isinstance(second[2], SourceError)
+    third = await together(1020.0)
+    assert [s.waiting for s in third] == [100.0, 101.0, None, 103.0]
+    assert third[2].running == GOOD["running"]

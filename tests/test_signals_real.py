@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scaler.config import Config, ServerSettings
 from scaler.httpclient import async_client
 from scaler.policy import Decision
+from scaler.sources import prometheus as prometheus_source
 from scaler.sources.catalog import SIGNAL_FIELDS
 from scaler.sources.prometheus import PrometheusSource
 from scaler.trigger import parse_trigger
@@ -309,15 +310,73 @@ async def test_a_read_asks_a_real_prometheus_in_a_few_combined_requests(start_pr
         assert any(s.waiting is not None for s in history)
 
 
-def test_prometheus_reads_bench_prints_both_ways(prometheus_bin: str) -> None:
+async def test_workloads_reading_together_ask_a_real_prometheus_once(start_prometheus, monkeypatch):
+    """Reads of several workloads that start together (a phase slot's ticks) go to Prometheus as
+    one POSTed request (here: the batch's size budget lifted; tests/test_prometheus_render.py
+    tests it), and give each workload the values its read alone gives."""
+    monkeypatch.setattr(prometheus_source, "BATCH_MAX_QUERY_CHARS", 10**9)
+    with MetricsEndpoint(VLLM) as pod0, MetricsEndpoint(VLLM_KV) as pod1:
+        prom = await asyncio.to_thread(
+            start_prometheus,
+            {"llama-0": [pod0.target], "llama-1": [pod1.target]},
+            1.0,
+            {name: {"namespace": "team-a"} for name in ("llama-0", "llama-1")},
+        )
+        await asyncio.to_thread(
+            prom.wait_until,
+            "count(vllm:num_requests_waiting)",
+            lambda r: bool(r) and sample_value(r) == 2,
+            30,
+        )
+        await asyncio.sleep(2.5)  # every pod scraped twice more: rates for both ways
+        specs = [
+            resolve(
+                parse_trigger(
+                    "team-a",
+                    f"llama-{i}",
+                    {
+                        "backend": "vllm",
+                        "serverAddress": prom.url,
+                        "model": "tiny-llama",
+                        "labelSelector": f'job="llama-{i % 2}"',
+                    },
+                ),
+                Config(),
+            )
+            for i in range(6)
+        ]
+        batched, alone = PrometheusSource(prom.url), PrometheusSource(prom.url, batch=False)
+        posts: list[str] = []
+        post = batched._session.post
+
+        def recorded(url: str, **kwargs: Any) -> Any:
+            posts.append(kwargs["data"]["query"])
+            return post(url, **kwargs)
+
+        batched._session.post = recorded  # type: ignore[method-assign]
+        asked = record_queries(batched, "custom_query")
+        now = time.time()
+        together = await asyncio.gather(*(batched.read(spec, now) for spec in specs))
+        apart = [await alone.read(spec, now) for spec in specs]
+        assert len(posts) == 1 and asked == []
+        assert posts[0].count("label_replace(") == 6 * 12  # 11 signals and the sample age each
+        assert together[0].kv_cache_usage != together[1].kv_cache_usage  # two pods, two answers
+        for got, want in zip(together, apart, strict=True):
+            assert got.waiting is not None and got.reasons == want.reasons
+            for field in SIGNAL_FIELDS:
+                assert getattr(got, field) == pytest.approx(getattr(want, field)), field
+
+
+def test_prometheus_reads_bench_prints_every_way(prometheus_bin: str) -> None:
     """bench/prometheus_reads.py (figures in the README) runs against a real Prometheus, checks
-    that both ways read the same signals, and prints reads and histories with their ratios."""
+    that every way reads the same signals, and prints reads and histories with their ratios."""
     script = Path(__file__).resolve().parents[1] / "bench" / "prometheus_reads.py"
     done = subprocess.run(
         [
             sys.executable,
             str(script),
             "--workloads=5",
+            "--per-slot=3",
             "--rounds=1",
             f"--prometheus={prometheus_bin}",
         ],
@@ -328,10 +387,14 @@ def test_prometheus_reads_bench_prints_both_ways(prometheus_bin: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "5 vLLM workloads' reads at once" in out
+    assert "5 vLLM workloads' reads in waves of 3 at once" in out
     assert "warm-start histories" in out
-    ratios = [line for line in out.splitlines() if line.strip().startswith("ratio")]
-    assert len(ratios) == 2 and all("(one per query / combined)" in r for r in ratios)
+    ratios = [line.split("(")[-1] for line in out.splitlines() if line.strip().startswith("ratio")]
+    assert ratios == [
+        "combined / batched)",
+        "one per query / batched)",
+        "one per query / combined)",
+    ]
 
 
 async def test_prometheus_outage_holds_the_target_and_recovers(
