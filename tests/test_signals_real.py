@@ -653,3 +653,34 @@ async def test_vllm_queue_by_both_sources_raises_the_target(
     finally:
         stop.set()
         await asyncio.wait_for(load, 120)  # the load stops at its next request
+
+
+def test_prometheus_engine_bench_batches_the_engines_reads(prometheus_bin: str) -> None:
+    """bench/prometheus_engine.py (figures in the README) runs the engine against a real
+    Prometheus both ways: as shipped, workloads whose ticks fall together share requests (fewer
+    than one per read); with batching off, one request per read; both keep up with their ticks."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "prometheus_engine.py"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--workloads=100",
+            "--seconds=5",
+            "--settle=5",
+            f"--prometheus={prometheus_bin}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "requests/read" in lines[1] and "reads/s" in lines[1], lines[1]
+    rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in lines[2:4]}
+    reads, requests = 1, -1  # columns: first decisions, reads/s, ..., requests/read
+    assert set(rows) == {"batched", "alone"}
+    assert 0 < rows["batched"][requests] < 0.8
+    assert rows["alone"][requests] == pytest.approx(1.0, abs=0.05)
+    for row in rows.values():
+        assert row[reads] > 0.8 * 100 / 5  # due: 100 workloads every 5 s

@@ -13,6 +13,7 @@ and the reads of workloads that tick together travel in one request between them
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -47,6 +48,7 @@ from scaler.sources.catalog import (
 )
 from scaler.workload import WorkloadSpec
 
+log = logging.getLogger(__name__)
 RETRY = Retry(
     total=2,
     connect=2,
@@ -400,7 +402,10 @@ class PrometheusSource:
                 for key, _queries, _future in reads:
                     self._alone_until[key] = until
             outcomes = [dict.fromkeys(queries, exc) for _key, queries, _future in reads]
-        except Exception:  # an error or garbage answer (ValueError), or a bug: each asks alone
+        except ValueError:  # an error or garbage answer: each read asks alone
+            outcomes = [None] * len(reads)
+        except Exception:  # a bug: said once per batch, and no read is lost to it
+            log.exception("batched prometheus read failed; its reads ask alone")
             outcomes = [None] * len(reads)
         for (_key, _queries, future), outcome in zip(reads, outcomes, strict=True):
             if not future.done():
