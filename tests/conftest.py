@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +26,23 @@ FAST = ServerSettings(
     stale_target_s=600.0,
     first_decision_timeout_s=5.0,
 )
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def run_bench(script: str, *args: str, timeout_s: float = 120) -> list[str]:
+    """Run bench/<script> with this interpreter, bounded in time; its stdout lines (it must
+    exit 0: its stderr is the failure message)."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
 
 
 def synthetic(**overrides: str) -> dict[str, str]:

@@ -7,12 +7,9 @@ import asyncio
 import gc
 import json
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
 
@@ -35,7 +32,7 @@ from scaler.signals import Signal
 from scaler.sources.synthetic import SyntheticSource
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec
-from tests.conftest import synthetic
+from tests.conftest import run_bench, synthetic
 
 SUMMARY_KEYS = {"p50_ms", "p99_ms", "calls_per_s", "errors", "server_cpu_s"}
 FAST = ["--polling-interval", "1", "--hpa-interval", "0.5", "--sample-interval", "1"]
@@ -394,16 +391,7 @@ def test_tune_gc_freezes_the_start_up_heap_and_sets_the_thresholds() -> None:
 def test_warm_start_burst_bench_prints_both_runs() -> None:
     """bench/warm_start_burst.py (figures in the README) runs and prints both rows and the
     ratios; the figures themselves are for the README, not asserted."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "warm_start_burst.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--workloads", "40"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = run_bench("warm_start_burst.py", "--workloads", "40")
     assert lines[0].startswith("40 new workloads at once")
     rows = {line.split()[0] + line.split()[1]: line.split()[2:] for line in lines[2:4]}
     assert set(rows) == {"atonce", "inorder"}

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +23,7 @@ from scaler.sources.catalog import SIGNAL_FIELDS
 from scaler.sources.prometheus import PrometheusSource
 from scaler.trigger import parse_trigger
 from scaler.workload import resolve
-from tests.conftest import DecisionLog, latest, ref, wait_decision
+from tests.conftest import DecisionLog, latest, ref, run_bench, wait_decision
 from tests.servers.base import LoadTally
 from tests.servers.prometheus import MetricsEndpoint, sample_value
 from tests.servers.triton import TritonServer, triton_load
@@ -254,6 +252,24 @@ async def test_prometheus_source_scopes_by_namespace_and_selector(start_promethe
         assert evaluation.value == -(-in_flight // 4)
 
 
+async def scraping_both(start_prometheus: Any, pod0: MetricsEndpoint, pod1: MetricsEndpoint) -> Any:
+    """A real Prometheus scraping two vLLM pods every second (jobs llama-0 and llama-1, namespace
+    team-a), once it has scraped both."""
+    prom = await asyncio.to_thread(
+        start_prometheus,
+        {"llama-0": [pod0.target], "llama-1": [pod1.target]},
+        1.0,
+        {name: {"namespace": "team-a"} for name in ("llama-0", "llama-1")},
+    )
+    await asyncio.to_thread(
+        prom.wait_until,
+        "count(vllm:num_requests_waiting)",
+        lambda r: bool(r) and sample_value(r) == 2,
+        30,
+    )
+    return prom
+
+
 def record_queries(source: PrometheusSource, method: str) -> list[str]:
     """The queries `source` sends through its client's `method`, as they are sent."""
     asked: list[str] = []
@@ -272,18 +288,7 @@ async def test_a_read_asks_a_real_prometheus_in_a_few_combined_requests(start_pr
     ...), a few requests instead of one per signal, and give the values that one query per
     signal gives."""
     with MetricsEndpoint(VLLM) as pod0, MetricsEndpoint(VLLM_KV) as pod1:
-        prom = await asyncio.to_thread(
-            start_prometheus,
-            {"llama-0": [pod0.target], "llama-1": [pod1.target]},
-            1.0,
-            {name: {"namespace": "team-a"} for name in ("llama-0", "llama-1")},
-        )
-        await asyncio.to_thread(
-            prom.wait_until,
-            "count(vllm:num_requests_waiting)",
-            lambda r: bool(r) and sample_value(r) == 2,
-            30,
-        )
+        prom = await scraping_both(start_prometheus, pod0, pod1)
         metadata = {"backend": "vllm", "serverAddress": prom.url, "model": "tiny-llama"}
         spec = resolve(parse_trigger("team-a", "llama", metadata), Config())
         combined, plain = PrometheusSource(prom.url), PrometheusSource(prom.url, combine=False)
@@ -316,18 +321,7 @@ async def test_workloads_reading_together_ask_a_real_prometheus_once(start_prome
     tests it), and give each workload the values its read alone gives."""
     monkeypatch.setattr(prometheus_source, "BATCH_MAX_QUERY_CHARS", 10**9)
     with MetricsEndpoint(VLLM) as pod0, MetricsEndpoint(VLLM_KV) as pod1:
-        prom = await asyncio.to_thread(
-            start_prometheus,
-            {"llama-0": [pod0.target], "llama-1": [pod1.target]},
-            1.0,
-            {name: {"namespace": "team-a"} for name in ("llama-0", "llama-1")},
-        )
-        await asyncio.to_thread(
-            prom.wait_until,
-            "count(vllm:num_requests_waiting)",
-            lambda r: bool(r) and sample_value(r) == 2,
-            30,
-        )
+        prom = await scraping_both(start_prometheus, pod0, pod1)
         await asyncio.sleep(2.5)  # every pod scraped twice more: rates for both ways
         specs = [
             resolve(
@@ -370,23 +364,15 @@ async def test_workloads_reading_together_ask_a_real_prometheus_once(start_prome
 def test_prometheus_reads_bench_prints_every_way(prometheus_bin: str) -> None:
     """bench/prometheus_reads.py (figures in the README) runs against a real Prometheus, checks
     that every way reads the same signals, and prints reads and histories with their ratios."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "prometheus_reads.py"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(script),
+    out = "\n".join(
+        run_bench(
+            "prometheus_reads.py",
             "--workloads=5",
             "--per-slot=3",
             "--rounds=1",
             f"--prometheus={prometheus_bin}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        )
     )
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
     assert "5 vLLM workloads' reads in waves of 3 at once" in out
     assert "warm-start histories" in out
     ratios = [line.split("(")[-1] for line in out.splitlines() if line.strip().startswith("ratio")]
@@ -659,23 +645,14 @@ def test_prometheus_engine_bench_batches_the_engines_reads(prometheus_bin: str) 
     """bench/prometheus_engine.py (figures in the README) runs the engine against a real
     Prometheus both ways: as shipped, workloads whose ticks fall together share requests (fewer
     than one per read); with batching off, one request per read; both keep up with their ticks."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "prometheus_engine.py"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            "--workloads=100",
-            "--seconds=5",
-            "--settle=5",
-            f"--prometheus={prometheus_bin}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
+    lines = run_bench(
+        "prometheus_engine.py",
+        "--workloads=100",
+        "--seconds=5",
+        "--settle=5",
+        f"--prometheus={prometheus_bin}",
+        timeout_s=240,
     )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
     assert "requests/read" in lines[1] and "reads/s" in lines[1], lines[1]
     rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in lines[2:4]}
     reads, requests = 1, -1  # columns: first decisions, reads/s, ..., requests/read
