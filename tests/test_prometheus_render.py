@@ -224,6 +224,7 @@ class FakePrometheus:
         self.answer = answer
         self.queries: list[str] = []
         self.posted: list[str] = []  # the queries that came in a POSTed body
+        self.refuse_post = False
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         fake = self
@@ -238,6 +239,9 @@ class FakePrometheus:
                 query = urllib.parse.parse_qs(body.decode()).get("query", [""])[0]
                 with fake._lock:
                     fake.posted.append(query)
+                if fake.refuse_post:  # a proxy in front that takes GET only
+                    write_reply(self, 405, b"method not allowed", "text/plain")
+                    return
                 self.reply(urllib.parse.urlsplit(self.path).path, query)
 
             def reply(self, path: str, query: str) -> None:
@@ -719,3 +723,22 @@ async def test_a_batch_that_times_out_sends_its_workloads_alone(
     third = await together(1020.0)
     assert [s.waiting for s in third] == [100.0, 101.0, None, 103.0]
     assert third[2].running == GOOD["running"]
+
+
+async def test_a_prometheus_that_refuses_post_is_read_one_workload_at_a_time(
+    prometheus: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A proxy that takes only GET answers the first batch 405: its reads ask alone in the same
+    round (no signal lost), the source says so once, and sends no more batches."""
+    holder: dict[str, Callable[[str], Answer]] = {}
+    server = prometheus(lambda query: holder["answer"](query))
+    server.refuse_post = True
+    specs = team(server, 4, queryIntervalSeconds="0")
+    holder["answer"] = team_answers(specs)
+    source = PrometheusSource(server.url)
+    with caplog.at_level("WARNING", logger="scaler.sources.prometheus"):
+        assert_own_values(await read_together(source, specs, 1000.0))
+        assert_own_values(await read_together(source, specs, 1010.0))
+    assert len(server.posted) == 1
+    refused = [r for r in caplog.records if "refused a POSTed query" in r.getMessage()]
+    assert len(refused) == 1 and "405" in refused[0].getMessage()

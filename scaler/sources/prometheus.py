@@ -72,6 +72,7 @@ SPLIT_S = 300.0  # after a combined query timed out, one query per signal for th
 BATCH_WINDOW_S = 0.02
 BATCH_MAX_READS = 16
 BATCH_MAX_QUERY_CHARS = 16_000  # PromQL characters (~5 vLLM reads); the read crossing it is in
+POST_REFUSED = (403, 405)  # a POSTed batch answered so: the source stops batching
 Found = dict[str, object]  # each query's result, as its own request would have had it, or why not
 
 
@@ -314,6 +315,15 @@ class PrometheusSource:
             auth=self._client.auth,
             timeout=timeout_s,
         )
+        if response.status_code in POST_REFUSED and self.batch:
+            # A proxy in front of Prometheus that takes only GET: every batch would cost a failed
+            # request before its reads ask alone, so batching stops for this source.
+            self.batch = False
+            log.warning(
+                "prometheus at %s refused a POSTed query (HTTP %d); reads ask one at a time",
+                self.url,
+                response.status_code,
+            )
         if response.status_code != 200:
             raise PrometheusApiClientException(
                 f"HTTP Status Code {response.status_code} ({response.content[:200]!r})"
