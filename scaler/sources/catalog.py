@@ -234,3 +234,39 @@ def signal_exprs(backend: str, overrides: Mapping[str, str | None]) -> dict[str,
         if query:
             exprs[field] = PromQL(query)
     return exprs
+
+
+# Sample-name suffixes of counters, histograms and summaries: the family is the name without one.
+FAMILY_SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
+
+
+def family_of(name: str) -> str:
+    """A sample name's family: the name without a counter/histogram/summary suffix."""
+    for suffix in FAMILY_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _sample_names(expr: Expr) -> set[str]:
+    match expr:
+        case Gauge() | Rate():
+            return set(expr.names)
+        case Count(of=gauge) | Deriv(of=gauge):
+            return set(gauge.names)
+        case Quantile():
+            return {f"{n}_bucket" for n in expr.names}
+        case Plus(terms=terms):
+            return set().union(*(_sample_names(t) for t in terms))
+        case Ratio(num=num, den=den):
+            return _sample_names(num) | _sample_names(den)
+        case AtLeastZero(of=inner):
+            return _sample_names(inner)
+    return set()  # PromQL: read by Prometheus, never from a pod's text
+
+
+def families(exprs: Mapping[str, Expr]) -> frozenset[str]:
+    """Every metric family the expressions read (both spellings of each name): what a direct
+    scrape has to parse of a pod's text."""
+    names = set().union(*(_sample_names(e) for e in exprs.values()))
+    return frozenset(names | {family_of(n) for n in names})

@@ -3,7 +3,12 @@
 Parsing is prometheus_client's `text_string_to_metric_families` (never hand-rolled). What we add is
 robustness: the parser raises `ValueError` mid-stream on bad input, so a broken line costs the
 samples after it but never the scrape loop; NaN, +-Inf and negative values (a queue cannot be
-negative) are dropped with a reason; a duplicated series keeps its first value.
+negative) are dropped with a reason; a duplicated series keeps its first value. And speed: given
+the families a scrape reads (`catalog.families`), only their lines reach the parser, chosen by
+the metric name that starts each line (`# HELP`/`# TYPE` lines by the name after the keyword).
+The parser is pure Python, ~46 us a line here: a vLLM pod's /metrics (604 lines, 52 KB) cost 28
+ms to parse whole and 6 ms as the 123 lines of the families the catalog reads
+(`bench/scrape_parse.py`), on the event loop, for every pod on every tick.
 """
 
 from __future__ import annotations
@@ -11,12 +16,12 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from scaler.sources.catalog import Matcher
+from scaler.sources.catalog import Matcher, family_of
 
 LabelSet = frozenset[tuple[str, str]]
 SeriesKey = tuple[str, LabelSet]
@@ -78,16 +83,41 @@ def _parses(text: str) -> bool:
     return True
 
 
-def parse(text: str) -> Scrape:
+# The metric name that starts a line: a sample's (up to `{` or a blank), or the one a `# HELP` or
+# `# TYPE` comment is about. Other comments have none.
+_LINE_NAME = re.compile(r"[ \t]*(?:#[ \t]+(?:HELP|TYPE)[ \t]+)?([^\s{#]+)")
+
+
+def lines_of(text: str, wanted: Collection[str]) -> tuple[list[str], list[int]]:
+    """The lines of `text` whose metric name, or its family (`family_of`), is in `wanted`, and
+    each one's line number in `text` (from 1)."""
+    kept: list[str] = []
+    numbers: list[int] = []
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        found = _LINE_NAME.match(line)
+        if found is not None and (found[1] in wanted or family_of(found[1]) in wanted):
+            kept.append(line)
+            numbers.append(number)
+    return kept, numbers
+
+
+def parse(text: str, wanted: Collection[str] | None = None) -> Scrape:
+    """The samples of `text` (with `wanted`: of those families only; the rest is not parsed, so
+    a broken line there costs nothing)."""
     scrape = Scrape()
     dropped: Counter[str] = Counter()
+    if wanted is None:
+        lines = text.splitlines(keepends=True)
+        numbers = list(range(1, len(lines) + 1))
+    else:
+        lines, numbers = lines_of(text, wanted)
+        text = "".join(lines)
     try:
         _collect(text, scrape, dropped)
     except ValueError as exc:
         # The parser yields a family only when the next begins, so the error costs the family in
         # progress too. Keep the longest prefix of whole lines that parses (bisection: only on
         # this error path) and name the first bad line.
-        lines = text.splitlines(keepends=True)
         good, bad = 0, len(lines)
         while bad - good > 1:
             middle = (good + bad) // 2
@@ -95,13 +125,19 @@ def parse(text: str) -> Scrape:
         scrape.samples.clear()
         dropped.clear()
         _collect("".join(lines[:good]), scrape, dropped)
+        at = numbers[good] if good < len(numbers) else len(numbers) + 1
+        kept = "lines" if wanted is None else "lines read"
         scrape.problems.append(
-            f"unparsable metrics text at line {good + 1}, kept the {good} lines before it: {exc}"[
-                :300
-            ]
+            f"unparsable metrics text at line {at}, kept the {good} {kept} before it: {exc}"[:300]
         )
     if not scrape.samples and not scrape.problems and not dropped:
-        scrape.problems.append("no samples in metrics text")
+        scrape.problems.append(
+            "no samples in metrics text"
+            if wanted is None
+            else "none of the backend's metrics in the text (e.g. "
+            + ", ".join(sorted(wanted)[:2])
+            + ")"
+        )
     scrape.problems += [f"{reason} (x{count})" for reason, count in sorted(dropped.items())]
     return scrape
 

@@ -1,10 +1,11 @@
 """The direct-scrape source: the fast path, with no Prometheus scrape lag.
 
 Each read scrapes every serving pod of the workload concurrently with a short timeout, parses the
-text with prometheus_client's parser, and evaluates the backend's catalog on the recent scrapes
-(counters become rates across scrapes, resets handled). A pod that times out or answers garbage is
-left out with a reason while the others count; when no pod answers, the read fails and the engine
-holds the last target.
+lines of the metric families the backend's catalog reads with prometheus_client's parser (the
+rest of the text is skipped, `exposition.parse`), and evaluates the backend's catalog on the
+recent scrapes (counters become rates across scrapes, resets handled). A pod that times out or
+answers garbage is left out with a reason while the others count; when no pod answers, the read
+fails and the engine holds the last target.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import httpx
 from scaler.httpclient import async_client
 from scaler.signals import Signal
 from scaler.sources import SourceError
-from scaler.sources.catalog import CATALOGS, signal_exprs
+from scaler.sources.catalog import CATALOGS, families, signal_exprs
 from scaler.sources.discovery import EndpointSliceDiscovery
 from scaler.sources.exposition import Scrape, parse
 from scaler.sources.prometheus import matchers_for
@@ -26,6 +27,7 @@ from scaler.workload import WorkloadSpec
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 FORGET_AFTER_S = 900.0
+FAMILIES: dict[str, frozenset[str]] = {}  # backend -> the metric families its catalog reads
 
 
 class ScrapeSource:
@@ -50,7 +52,9 @@ class ScrapeSource:
             for a in addresses
         ]
 
-    async def _scrape(self, target: str, path: str, timeout_s: float) -> Scrape | str:
+    async def _scrape(
+        self, target: str, path: str, timeout_s: float, wanted: frozenset[str]
+    ) -> Scrape | str:
         url = f"http://{target}{path}"
         try:
             async with asyncio.timeout(timeout_s):
@@ -63,7 +67,7 @@ class ScrapeSource:
             return f"{target}: HTTP {response.status_code}"
         if len(response.content) > MAX_BODY_BYTES:
             return f"{target}: metrics body over {MAX_BODY_BYTES} bytes"
-        return parse(response.text)
+        return parse(response.text, wanted)
 
     def _window(self, key: str, window_s: float, now: float) -> Window:
         for old in [k for k, (used, _) in self._windows.items() if now - used > FORGET_AFTER_S]:
@@ -76,8 +80,10 @@ class ScrapeSource:
     async def read(self, spec: WorkloadSpec, at: float) -> Signal:
         targets = await self.targets(spec)
         path = str(spec.trigger.values.get("metricsPath", "/metrics"))
+        exprs = signal_exprs(spec.trigger.backend, {})
+        wanted = FAMILIES.setdefault(spec.trigger.backend, families(exprs))
         outcomes = await asyncio.gather(
-            *(self._scrape(t, path, spec.scrape_timeout_s) for t in targets)
+            *(self._scrape(t, path, spec.scrape_timeout_s, wanted) for t in targets)
         )
         now = time.time()
         window = self._window(
@@ -101,7 +107,7 @@ class ScrapeSource:
         if spec.namespace_label:
             matchers = tuple(m for m in matchers if m[0] != spec.namespace_label)
         values: dict[str, float | None] = {}
-        for field, expr in signal_exprs(spec.trigger.backend, {}).items():
+        for field, expr in exprs.items():
             values[field], why = window.evaluate(expr, matchers, now, spec.max_sample_age_s)
             if why is not None:
                 reasons.append(f"{field}: {why}")
