@@ -115,7 +115,9 @@ async def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", type=int, default=1000)
-    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--seconds", type=float, default=30.0, help="measured; a multiple of 5 (whole intervals)"
+    )
     parser.add_argument(
         "--settle", type=float, default=2 * INTERVAL_S, help="after first decisions, seconds"
     )

@@ -648,8 +648,8 @@ def test_prometheus_engine_bench_batches_the_engines_reads(prometheus_bin: str) 
     lines = run_bench(
         "prometheus_engine.py",
         "--workloads=100",
-        "--seconds=5",
-        "--settle=5",
+        "--seconds=5",  # a whole tick interval: the phases spread the reads over its first half
+        "--settle=3",
         f"--prometheus={prometheus_bin}",
         timeout_s=240,
     )
