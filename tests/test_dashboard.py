@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import run_bench
 from tests.metric_scrapes import companion_families, names, scaler_families
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "monitoring" / "dashboard.json"
@@ -237,3 +238,13 @@ def test_a_gpu_nodes_row_per_nodepool_reads_the_companion_and_karpenter() -> Non
     }
     legends = {t["legendFormat"] for p in row_panels for t in p["targets"]}
     assert all("{{nodepool}}" in legend for legend in legends)
+
+
+def test_metrics_exposition_bench_prints_its_figures() -> None:
+    """bench/metrics_exposition.py (figures in the README) renders a scrape for real workloads:
+    ~20 series each (the figures are for the README, not asserted)."""
+    lines = run_bench("metrics_exposition.py", "--workloads", "20", "--repeat", "1")
+    assert lines[0].startswith("20 workloads: ")
+    series = int(lines[0].split()[2])
+    assert 15 * 20 <= series <= 30 * 20
+    assert lines[1].startswith("CPU per scrape: ")
