@@ -742,3 +742,25 @@ async def test_a_prometheus_that_refuses_post_is_read_one_workload_at_a_time(
     assert len(server.posted) == 1
     refused = [r for r in caplog.records if "refused a POSTed query" in r.getMessage()]
     assert len(refused) == 1 and "405" in refused[0].getMessage()
+
+
+def test_a_batch_left_open_by_an_ended_loop_is_not_joined(prometheus: Any) -> None:
+    """A source outlives an event loop that ended mid-batch (its reads abandoned): reads in the
+    next loop start a batch of their own instead of waiting on one whose timer is gone."""
+    holder: dict[str, Callable[[str], Answer]] = {}
+    server = prometheus(lambda query: holder["answer"](query))
+    specs = team(server, 3, queryIntervalSeconds="0")
+    holder["answer"] = team_answers(specs)
+    source = PrometheusSource(server.url)
+
+    async def abandon() -> None:
+        reading = asyncio.ensure_future(source.read(specs[0], 1000.0))
+        await asyncio.sleep(0)  # it joined a batch; the loop ends before the batch's timer
+        assert not reading.done()
+
+    asyncio.run(abandon())
+
+    async def together() -> Any:
+        return await read_together(source, specs, 1010.0)
+
+    assert_own_values(asyncio.run(together()))

@@ -257,6 +257,8 @@ class _Batch:
     """Reads gathering for one request: (workload, its queries, where its results go)."""
 
     timeout_s: float
+    loop: asyncio.AbstractEventLoop  # its timer's: a batch left open by a loop that ended is
+    # never joined from another (a source can outlive one asyncio.run)
     reads: list[tuple[str, dict[str, str], asyncio.Future[Found | None]]] = default(
         default_factory=list
     )
@@ -355,8 +357,8 @@ class PrometheusSource:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Found | None] = loop.create_future()
         batch = self._open.get(timeout_s)
-        if batch is None:
-            batch = self._open[timeout_s] = _Batch(timeout_s)
+        if batch is None or batch.loop is not loop:
+            batch = self._open[timeout_s] = _Batch(timeout_s, loop)
             loop.call_later(BATCH_WINDOW_S, self._close, batch)
         batch.reads.append((key, queries, future))
         batch.chars += sum(len(q) for q in queries.values())
