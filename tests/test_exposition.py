@@ -306,6 +306,11 @@ def test_junk_in_a_family_not_read_costs_nothing_and_in_one_read_names_its_line(
     assert f"unparsable metrics text at line {first + 1}," in scrape.problems[0]
 
 
+def test_no_family_wanted_reads_no_line() -> None:
+    text = (SAMPLES / TRITON).read_text() + " 1\n{ 2\n\n"
+    assert lines_of(text, frozenset()) == ([], [])
+
+
 def test_text_with_none_of_the_backends_metrics_says_so() -> None:
     scrape = parse("# HELP up whether\nup 1\n", families(CATALOGS["vllm"].signals))
     assert scrape.samples == {}

@@ -90,6 +90,8 @@ def _line_pattern(wanted: frozenset[str]) -> re.Pattern[str]:
     to `{` or a blank, or the name a `# HELP` or `# TYPE` comment is about), with or without a
     counter/histogram suffix: one C-level match per line."""
     stems = sorted({family_of(name) for name in wanted}, key=len, reverse=True)
+    if not stems:
+        return re.compile(r"(?!)")  # no family wanted: no line
     names = "|".join(re.escape(stem) for stem in stems)
     suffixes = "|".join(FAMILY_SUFFIXES)
     return re.compile(
