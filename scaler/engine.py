@@ -16,17 +16,18 @@ replica and every restart), below PHASE_SPREAD of the interval. With one shared 
 workloads evaluate at the same instant and hold the event loop, and every RPC waiting on it, for
 the whole burst (the p99 of `scaler bench load`); with phases, their evaluations are spread over
 PHASE_SPREAD of every interval, in PHASE_SLOTS instants (a timed wake-up of the event loop costs
-more than a no-op tick: see `phase_of`) where the workloads of a slot take turns, one evaluation
-per loop iteration (`Turnstile`). The trade-off, latency-wise: none
-for the decisions KEDA reads. A workload still evaluates once per interval, so a decision is never
-older than one interval (plus its read) and recovery still comes within one evaluation; its first
-decision still comes at once (on the last tick of its grid at or before now); KEDA polls at
-arbitrary instants, so the mean age of the decision it reads is unchanged. What moves is where in
-the interval each workload's tick falls: up to PHASE_SPREAD x interval later than the shared grid
-(and, for a given workload, always by the same amount). Why not the whole interval: a forecast
-bin closes at the first observation in the next bin (scaler.forecast_bank), so a tick's read must
-end before any workload's first tick of the next bin; the unused part of the interval keeps that
-margin (half an interval, 2.5 s at the default 5 s, instead of a whole one on a shared grid).
+CPU, and a long burst at one instant costs the RPCs' p99: see `phase_of`) where the workloads of
+a slot take turns, one evaluation per loop iteration (`Turnstile`). The trade-off,
+latency-wise: none for the decisions KEDA reads. A workload still evaluates once per interval,
+so a decision is never older than one interval (plus its read) and recovery still comes within
+one evaluation; its first decision still comes at once (on the last tick of its grid at or
+before now); KEDA polls at arbitrary instants, so the mean age of the decision it reads is
+unchanged. What moves is where in the interval each workload's tick falls: up to PHASE_SPREAD x
+interval later than the shared grid (and, for a given workload, always by the same amount).
+Why not the whole interval: a forecast bin closes at the first observation in the next bin
+(scaler.forecast_bank), so a tick's read must end before any workload's first tick of the next
+bin; the unused part of the interval keeps that margin (half an interval, 2.5 s at the default
+5 s, instead of a whole one on a shared grid).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ FORECAST_MEMORY_BINS = 120  # the forecaster's error memory (weights down to 1/1
 FORECAST_WARMUP_MAX_S = 6 * 3600.0
 SOURCE_FAILURE_LOG_EVERY_S = 60.0  # a persisting source failure is logged at most this often
 PHASE_SPREAD = 0.5  # phases cover [0, PHASE_SPREAD) of the interval (see the module docstring)
-PHASE_SLOTS = 50  # phases take one of this many values (see phase_of)
+PHASE_SLOTS = 500  # phases take one of this many values (see phase_of)
 REPLAY_SLICE_S = 0.001  # a warm start's replay gives the event loop a turn after this much CPU
 # Warm-start replays at once by default; the rest wait their turn in arrival order
 # (Engine._warm_start; Engine(warm_starts_at_once=...)).
@@ -87,12 +88,17 @@ def phase_of(key: WorkloadKey) -> float:
     """The workload's phase as a fraction of the interval, in [0, PHASE_SPREAD): from a stable
     hash of its key, so every replica and every restart puts its ticks at the same instants.
 
-    Phases come in PHASE_SLOTS steps (50 ms apart at the default 5 s), not continuously: each
-    distinct instant is a wake-up of the event loop from a timed wait, and a wake-up is what a
-    tick costs most (on this project's 2-core VMs, 1,000 workloads on distinct instants spent
-    ~190 us of CPU per tick on the loop's machinery; in 50 slots, ~57 us: `bench/loop_wakeups.py`).
-    Workloads sharing a slot wake together and then take turns (`Turnstile`), one evaluation per
-    loop iteration, so RPCs still interleave between any two of them."""
+    Phases come in PHASE_SLOTS steps (5 ms apart at the default 5 s), not continuously: each
+    distinct instant is a wake-up of the event loop from a timed wait, which costs CPU
+    (`bench/loop_wakeups.py`, 1,000 no-op workloads: ~55-61 us per tick on distinct instants,
+    ~51 us in 500 slots, ~37 us in 50). Workloads sharing a slot wake together and then take
+    turns (`Turnstile`), one evaluation per loop iteration, so RPCs still interleave between any
+    two of them; but an RPC takes a few loop iterations (request, handler, response), and each
+    iteration of a slot's burst carries one evaluation, so an RPC that lands in a burst waits for
+    up to that many evaluations. Fewer workloads per slot make the bursts shorter than an RPC:
+    `scaler bench load` (1,000 objects) gave a steady-state p99 of 1.20x the floor's in 500 slots
+    (two runs of two rounds: 1.29, 1.08, 1.14, 1.23) against 1.37-1.41x in 50 (three runs, the
+    same day), for ~10% more server CPU. So 500: two workloads an instant at 1,000."""
     return PHASE_SPREAD * math.floor(key_fraction(key) * PHASE_SLOTS) / PHASE_SLOTS
 
 

@@ -169,8 +169,9 @@ async def test_turnstile_lets_one_waiter_through_per_loop_iteration() -> None:
 def test_phases_are_stable_spread_and_below_the_spread() -> None:
     """Each workload ticks at its own phase of the interval (scaler.engine.phase_of): the same in
     every replica and restart (a stable hash, not Python's salted one), below PHASE_SPREAD, and
-    spread, so 1,000 workloads do not evaluate in one burst; but in PHASE_SLOTS instants only,
-    so the event loop wakes PHASE_SLOTS times per interval, not once per workload."""
+    spread, so 1,000 workloads do not evaluate in one burst (a few per instant: a burst longer
+    than an RPC's few loop iterations raises the RPCs' p99); but in PHASE_SLOTS instants only,
+    so the event loop wakes at most PHASE_SLOTS times per interval, not once per workload."""
     keys = [(f"bench-{i % 10}", f"so-{i:05d}", f"synthetic-so-{i:05d}") for i in range(1000)]
     phases = [phase_of(key) for key in keys]
     assert phase_of(keys[0]) == phases[0]
@@ -178,7 +179,8 @@ def test_phases_are_stable_spread_and_below_the_spread() -> None:
     buckets = Counter(int(p / PHASE_SPREAD * 10) for p in phases)
     assert len(buckets) == 10 and max(buckets.values()) < 150, buckets  # ~100 in each tenth
     slots = Counter(phases)
-    assert len(slots) == PHASE_SLOTS and max(slots.values()) < 2 * 1000 / PHASE_SLOTS, slots
+    # 1,000 keys in 500 slots: about 430 instants (Poisson, 2 a slot), none holding many
+    assert PHASE_SLOTS / 2 < len(slots) <= PHASE_SLOTS and max(slots.values()) <= 8, slots
     assert all(
         p * PHASE_SLOTS / PHASE_SPREAD == pytest.approx(round(p * PHASE_SLOTS / PHASE_SPREAD))
         for p in slots
