@@ -111,7 +111,17 @@ class VllmServer(StartStop):
     # -- lifecycle -------------------------------------------------------------------------------
 
     def command(self) -> list[str]:
+        """The server's command line, pinned to CPU 0 where there is more than one (`taskset`):
+        unpinned, the tiny model's vLLM took 197-203% of a core under the tests' 16 clients for
+        ~6 requests/s, starving the test process and its clients on a 2-core machine (its queue
+        tests failed in 2 of 3 fresh-clone runs, with /metrics showing no queue); pinned, 99% of
+        one core for ~8.6 requests/s. OMP_WAIT_POLICY=PASSIVE and VLLM_CPU_OMP_THREADS_BIND=0
+        changed neither figure."""
+        pin = (
+            ["taskset", "-c", "0"] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
+        )
         return [
+            *pin,
             str(PYTHON),
             "-m",
             "vllm.entrypoints.openai.api_server",
