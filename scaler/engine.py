@@ -95,10 +95,9 @@ def phase_of(key: WorkloadKey) -> float:
     turns (`Turnstile`), one evaluation per loop iteration, so RPCs still interleave between any
     two of them; but an RPC takes a few loop iterations (request, handler, response), and each
     iteration of a slot's burst carries one evaluation, so an RPC that lands in a burst waits for
-    up to that many evaluations. Fewer workloads per slot make the bursts shorter than an RPC:
-    `scaler bench load` (1,000 objects) gave a steady-state p99 of 1.20x the floor's in 500 slots
-    (two runs of two rounds: 1.29, 1.08, 1.14, 1.23) against 1.37-1.41x in 50 (three runs, the
-    same day), for ~10% more server CPU. So 500: two workloads an instant at 1,000."""
+    up to that many evaluations. So 500 slots, two workloads an instant at 1,000: shorter bursts
+    than an RPC, for ~10% more server CPU than 50 (`scaler bench load` figures: README, Failure
+    modes)."""
     return PHASE_SPREAD * math.floor(key_fraction(key) * PHASE_SLOTS) / PHASE_SLOTS
 
 
