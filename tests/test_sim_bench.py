@@ -3,7 +3,10 @@ conserving, the policies behave as their kind, the scaler goes through scaler.po
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -247,3 +250,25 @@ def test_the_reactive_bound_runs_on_a_replay() -> None:
     assert exact.gpu_hours <= roomy.gpu_hours
     assert exact.slo_attainment <= roomy.slo_attainment
     assert roomy.slo_attainment >= 0.99
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_replay_shows_a_progress_bar_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a terminal the replay draws tqdm's bar on stderr (steps of every policy's run), and
+    its JSON on stdout stays one object; --no-progress (above) draws none."""
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    argv = ["bench", "replay", "--trace", str(TRACE), "--duration", "60", "--json"]
+    assert cli.main(argv) == 0
+    drawn = terminal.getvalue()
+    # tqdm redraws at most every 0.1 s and erases the bar at the end (leave=False): a short
+    # replay shows its start and at least one advance of the steps it counts
+    counts = [int(n) for n in re.findall(r"replay:\s+\d+%\|[^|]*\| (\d+)/\d+", drawn)]
+    assert counts and counts[0] == 0 and max(counts) > 0, drawn[-300:]
+    assert json.loads(capsys.readouterr().out)["policies"]
