@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from scaler.signals import Signal
 
@@ -62,9 +63,9 @@ class CapacitySpec:
     decode_tokens_per_s: float | None = None
 
 
-@dataclass(frozen=True)
-class Fleet:
-    """What the policy knows beyond one signal (see the module docstring)."""
+class Fleet(NamedTuple):
+    """What the policy knows beyond one signal (see the module docstring). NamedTuples here,
+    not frozen dataclasses: `decide` builds one of each on every tick (see `policy.Decision`)."""
 
     horizon_s: float  # from asking for a replica to it serving
     ready: int | None = None  # replicas serving now (None: unknown)
@@ -76,8 +77,7 @@ class Fleet:
     queue_trend: float | None = None
 
 
-@dataclass(frozen=True)
-class Need:
+class Need(NamedTuple):
     replicas: float  # fractional replicas needed now
     term: str  # "concurrency" | "queue" | "littles_law" | "queue_slo" | "tokens" | "kv_cache"
     terms: dict[str, float]  # every term that could be computed

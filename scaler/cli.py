@@ -129,7 +129,6 @@ def _metadata(items: list[str]) -> dict[str, str] | None:
 
 def _signals(args: argparse.Namespace) -> int:
     """Read a workload's signals once, exactly as the server would, and print them."""
-    import dataclasses
     import json
     import time
 
@@ -160,7 +159,7 @@ def _signals(args: argparse.Namespace) -> int:
             return {"source": spec.signal_source, "reasons": [str(exc)]}
         finally:
             await sources.close()
-        return dataclasses.asdict(signal)
+        return signal._asdict()
 
     found = asyncio.run(read())
     if args.json:

@@ -613,8 +613,14 @@ class Engine:
                     if time.perf_counter() >= slice_end:
                         await self._turns.take()
                         slice_end = time.perf_counter() + REPLAY_SLICE_S
-                    decision, state = decide(
-                        spec, signal, state, signal.at, stale, outlook=workload.outlook(spec)
+                    decision, state = decide(  # nobody reads a replayed decision's detail
+                        spec,
+                        signal,
+                        state,
+                        signal.at,
+                        stale,
+                        outlook=workload.outlook(spec),
+                        explain=False,
                     )
                     workload.learn(spec, signal.at, decision)
                 # A tick that passed during the replay is replayed too, as a running replica

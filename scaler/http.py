@@ -8,7 +8,6 @@ decision values, so it never blocks the gRPC event loop.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -38,7 +37,7 @@ def decision_json(decision: Decision) -> dict[str, Any]:
         "in_flight": decision.in_flight,
         "arrival_rate": decision.arrival_rate,
         "faults": list(decision.faults),
-        "signal": dataclasses.asdict(decision.signal) if decision.signal is not None else None,
+        "signal": decision.signal._asdict() if decision.signal is not None else None,
         "forecast": (decision.outlook._asdict() if decision.outlook is not None else None),
     }
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import NamedTuple
 
 from scaler import capacity
 from scaler.outlook import Outlook
@@ -74,8 +74,11 @@ class Reason(StrEnum):
     HOLD = "hold"
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
+    """What `decide` returned for one tick. A NamedTuple, not a frozen dataclass: one is built
+    on every tick and every replayed one, and a frozen dataclass's __init__ (a guarded setattr
+    per field) costs ~3x as much (`bench/decide_cpu.py`)."""
+
     workload: str  # namespace/name
     metric_name: str
     at: float  # the evaluation tick (wall-clock seconds)
@@ -103,8 +106,9 @@ class Decision:
         return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class PolicyState:
+class PolicyState(NamedTuple):
+    """What `decide` carries from one tick to the next (a NamedTuple, as `Decision` is)."""
+
     # Sliding-window maximum of ceil(need) over the stabilization window, as a monotone queue:
     # (tick, value) pairs with strictly decreasing values; the first is the window's maximum.
     recent: tuple[tuple[float, int], ...] = ()
@@ -170,7 +174,7 @@ def hold(state: PolicyState, at: float, stale_s: float, faults: tuple[str, ...])
         f"signals missing for {at - last.at:.0f}s (limit {stale_s:.0f}s); holding "
         f"{last.replicas} replicas from {last.at:.0f}"
     )
-    return replace(last, at=at, reason=Reason.HOLD, detail=detail, faults=faults, signal=None)
+    return last._replace(at=at, reason=Reason.HOLD, detail=detail, faults=faults, signal=None)
 
 
 def policy_memory_s(spec: WorkloadSpec) -> float:
@@ -275,7 +279,12 @@ def decide(
     stale_s: float,
     faults: tuple[str, ...] = (),
     outlook: Outlook | None = None,
+    explain: bool = True,
 ) -> tuple[Decision | None, PolicyState]:
+    """The decision for tick `at` and the state for the next one. `explain=False` leaves the
+    decision's `detail` empty and is otherwise the same decision: a warm start's replay, whose
+    decisions nobody reads but the next tick, skips formatting ~60 of them (a fifth of the
+    replay's CPU, `bench/decide_cpu.py`)."""
     if signal is None:
         return hold(state, at, stale_s, faults or ("no in-flight or arrival signal",)), state
     seen = observe_queue(state.queue_seen, signal, at)
@@ -315,16 +324,19 @@ def decide(
     #    start to come back).
     target = max(recent[0][1], now_replicas)
     reason = Reason.CURRENT_NEED if target == now_replicas else Reason.STABILIZATION
-    detail = f"{required.describe()} -> {now_replicas}"
-    if ahead_of.pending:
-        detail += f" ({ahead_of.pending:g} asked, serving in {ahead_of.pending_in_s:.0f}s)"
-    if reason is Reason.STABILIZATION:
-        detail += f"; held at {target}, the highest in {spec.scale_down_stabilization_s:g}s"
+    detail = ""
+    if explain:
+        detail = f"{required.describe()} -> {now_replicas}"
+        if ahead_of.pending:
+            detail += f" ({ahead_of.pending:g} asked, serving in {ahead_of.pending_in_s:.0f}s)"
+        if reason is Reason.STABILIZATION:
+            detail += f"; held at {target}, the highest in {spec.scale_down_stabilization_s:g}s"
     # 2. The forecast: scale up to the upper forecast within the horizon (what is asked now
     #    serves then), and never below it either.
     if ahead is not None:
         covered = max(0, math.ceil(ahead.upper_max - EPSILON))
-        detail += f"; {ahead.describe()} -> {covered}"
+        if explain:
+            detail += f"; {ahead.describe()} -> {covered}"
         if covered > target:
             target, reason = covered, Reason.FORECAST
     # 3. Panic: demand outran what was asked for (panicThreshold x the replicas asked within
@@ -344,16 +356,19 @@ def decide(
         floor = max(now_replicas, state.panic_peak)
         if floor > target or outran:
             target, reason = max(target, floor), Reason.PANIC
-            detail += f"; panic (need {need:.2f} vs {asked} asked"
-            detail += f", q90 {ahead.upper_max:.2f})" if ahead is not None else ")"
-            detail += f" -> {target}"
+            if explain:
+                detail += f"; panic (need {need:.2f} vs {asked} asked"
+                detail += f", q90 {ahead.upper_max:.2f})" if ahead is not None else ")"
+                detail += f" -> {target}"
     # 4. Activity.
     if idle:
         target, reason = 0, Reason.SCALE_TO_ZERO
-        detail = f"idle for {at - idle_since:.0f}s >= scaleToZeroIdleSeconds"
+        if explain:
+            detail = f"idle for {at - idle_since:.0f}s >= scaleToZeroIdleSeconds"
     elif target < 1:
         target, reason = 1, Reason.FORECAST if expected and not busy else Reason.ACTIVE_FLOOR
-        detail += f"; active within scaleToZeroIdleSeconds={spec.scale_to_zero_idle_s:g}"
+        if explain:
+            detail += f"; active within scaleToZeroIdleSeconds={spec.scale_to_zero_idle_s:g}"
     # 5. Scale down at most scaleDownMaxPercent of the replicas per SCALE_DOWN_PERIOD_S.
     # (after the floor of one, before the bounds, so an idle workload still goes to zero)
     live = state.decided[_expired(state.decided, at - SCALE_DOWN_PERIOD_S) :]
@@ -362,17 +377,20 @@ def decide(
         step_floor = math.ceil(base * (1.0 - spec.scale_down_max_percent / 100.0) - EPSILON)
         if target < step_floor:
             target, reason = step_floor, Reason.SCALE_DOWN_LIMIT
-            detail += (
-                f"; at most {spec.scale_down_max_percent:g}% of {base} removed per "
-                f"{SCALE_DOWN_PERIOD_S:g}s -> {step_floor}"
-            )
+            if explain:
+                detail += (
+                    f"; at most {spec.scale_down_max_percent:g}% of {base} removed per "
+                    f"{SCALE_DOWN_PERIOD_S:g}s -> {step_floor}"
+                )
     # 6. Bounds.
     if target < spec.min_replicas:
         target, reason = spec.min_replicas, Reason.MIN_BOUND
-        detail += f"; raised to minReplicas={spec.min_replicas}"
+        if explain:
+            detail += f"; raised to minReplicas={spec.min_replicas}"
     elif target > spec.max_replicas:
         target, reason = spec.max_replicas, Reason.MAX_BOUND
-        detail += f"; capped at maxReplicas={spec.max_replicas}"
+        if explain:
+            detail += f"; capped at maxReplicas={spec.max_replicas}"
 
     decision = Decision(
         workload=spec.workload,

@@ -734,3 +734,73 @@ def test_the_monotone_window_gives_the_maximum_of_every_tick_within_it(
             v for j, v in enumerate(values[: i + 1]) if start_at + j * step > later - window + 1e-3
         ]
         assert _window_max(queue, later - window) == max(inside, default=0)
+
+
+FULL_TICKS = st.lists(
+    st.tuples(
+        st.one_of(st.none(), LOAD),  # running (None with waiting None: a missing signal)
+        st.one_of(st.none(), st.floats(0, 200, allow_nan=False)),  # waiting
+        st.one_of(st.none(), st.floats(0, 50, allow_nan=False)),  # arrivals
+        st.one_of(st.none(), st.integers(0, 40)),  # ready pods
+        st.one_of(st.none(), st.floats(0, 60, allow_nan=False)),  # forecast q90, in replicas
+        st.sampled_from((5.0, 5.0, 30.0, 200.0)),  # seconds to this tick
+    ),
+    max_size=40,
+)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(BOUNDS, TARGETS, FULL_TICKS)
+def test_a_quiet_decision_is_the_same_decision_without_its_detail(
+    bounds: tuple[int, int],
+    target: float,
+    ticks: list[tuple[float | None, float | None, float | None, int | None, float | None, float]],
+) -> None:
+    """A warm start replays with explain=False: its state must be the one a running replica
+    built with explain=True, or the replica that just started decides differently."""
+    spec = make_spec(
+        minReplicas=bounds[0],
+        maxReplicas=bounds[1],
+        targetConcurrency=target,
+        panicThreshold=2,
+        scaleDownMaxPercent=50,
+        scaleToZeroIdleSeconds=60,
+        forecast="on",
+    )
+    loud, quiet, at = PolicyState(), PolicyState(), T0
+    for running, waiting, arrival, ready, q90, dt in ticks:
+        at += dt
+        signal = None
+        if running is not None or waiting is not None:
+            signal = Signal(
+                at=at,
+                source="test",
+                running=running,
+                waiting=waiting,
+                arrival_rate=arrival,
+                ready_pods=ready,
+                service_time_s=2.0 if arrival else None,
+            )
+        ahead = None if q90 is None else outlook_of(q90)
+        said, loud = decide(spec, signal, loud, at, STALE, outlook=ahead)
+        kept, quiet = decide(spec, signal, quiet, at, STALE, outlook=ahead, explain=False)
+        if said is None or said.reason is Reason.HOLD:
+            assert kept == said  # a held decision repeats the last good one, detail and all
+        else:
+            assert said.detail
+            assert kept == said._replace(detail="")
+        assert without_detail(quiet) == without_detail(loud)
+
+
+def outlook_of(q90: float) -> Outlook:
+    return Outlook(point_max=q90, upper_max=q90, model="test", horizon_s=210.0, made_at=T0)
+
+
+def without_detail(state: PolicyState) -> PolicyState:
+    last = state.last_good
+    return state._replace(last_good=None if last is None else last._replace(detail=""))

@@ -16,7 +16,7 @@ phase x = (t mod P) / P:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from scaler.fields import BY_KEY
 from scaler.signals import Signal
@@ -34,14 +34,30 @@ def synthetic_rate(pattern: str, peak: float, period: float, at: float) -> float
     return 0.0
 
 
-def synthetic_signal(spec: WorkloadSpec, at: float) -> Signal:
+class Shape(NamedTuple):
+    """The trigger's synthetic settings, read once per read or history (not once per point)."""
+
+    pattern: str
+    peak: float
+    service: float
+    period: float
+
+
+def shape_of(spec: WorkloadSpec) -> Shape:
     def setting(key: str) -> Any:
         return spec.trigger.values.get(key, BY_KEY[key].default)
 
-    peak = float(setting("syntheticPeakRps"))
-    service = float(setting("syntheticServiceSeconds"))
-    period = float(setting("syntheticPeriodSeconds"))
-    rate = max(synthetic_rate(str(setting("syntheticPattern")), peak, period, at), 0.0)
+    return Shape(
+        str(setting("syntheticPattern")),
+        float(setting("syntheticPeakRps")),
+        float(setting("syntheticServiceSeconds")),
+        float(setting("syntheticPeriodSeconds")),
+    )
+
+
+def synthetic_signal(spec: WorkloadSpec, at: float, shape: Shape | None = None) -> Signal:
+    pattern, peak, service, period = shape if shape is not None else shape_of(spec)
+    rate = max(synthetic_rate(pattern, peak, period, at), 0.0)
     queue_time = service / 4 * (rate / peak) ** 2 if peak > 0 else 0.0
     return Signal(
         at=at,
@@ -63,4 +79,5 @@ class SyntheticSource:
         self, spec: WorkloadSpec, start: float, end: float, step: float
     ) -> list[Signal]:
         count = max(0, math.ceil((end - start) / step - 1e-9))  # the grid never reaches `end`
-        return [synthetic_signal(spec, start + i * step) for i in range(count)]
+        shape = shape_of(spec)
+        return [synthetic_signal(spec, start + i * step, shape) for i in range(count)]

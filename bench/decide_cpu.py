@@ -1,0 +1,120 @@
+"""CPU of a warm start's replay: `decide` with and without its detail, and the cost of its values.
+
+Usage: python bench/decide_cpu.py [--workloads 200] [--repeats 5]
+
+A new workload's first answer waits for its warm start: the policy's memory (300 s at the
+defaults, ~60 ticks) read from history and replayed through `decide`, so that a replica that just
+started answers as one that ran all along. That is CPU on the event loop that serves the RPCs,
+so on a restart of 1,000 ScaledObjects it is what the first calls wait on (`scaler bench load`,
+"first per object"). In this process, on the `scaler bench load` workloads (synthetic sources,
+no I/O), best of `--repeats`:
+
+- *history*: the synthetic source's history read (a stand-in for Prometheus's range queries);
+- *replay, detail*: `decide` tick by tick as a live tick runs it (explain=True);
+- *replay, quiet*: as the engine replays (explain=False: the same decisions, no detail text);
+- *value*: one `Decision` built as the NamedTuple it is, against the same fields as a frozen
+  dataclass (what it was before).
+
+It prints ms per warm start and us per value, and the ratios quiet / detail and NamedTuple /
+frozen dataclass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+
+from scaler.bench.load import trigger_metadata
+from scaler.config import Config
+from scaler.engine import history_segments, read_history, tick_at_or_before
+from scaler.policy import Decision, PolicyState, Reason, decide
+from scaler.signals import Signal
+from scaler.sources.synthetic import SyntheticSource
+from scaler.trigger import TriggerCache
+from scaler.workload import WorkloadSpec, resolve
+
+INTERVAL_S = 5.0
+STALE_S = 600.0
+VALUES = 20_000  # values built per timing of one construction
+
+
+def best(repeats: int, run: Callable[[], object]) -> float:
+    """The fastest of `repeats` timed runs, in seconds (the least disturbed by the machine)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def replay(histories: list[tuple[WorkloadSpec, list[Signal]]], explain: bool) -> None:
+    for spec, history in histories:
+        state = PolicyState()
+        for signal in history:
+            _, state = decide(spec, signal, state, signal.at, STALE_S, explain=explain)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    triggers = TriggerCache()
+    specs = [
+        resolve(triggers.parse(f"bench-{i % 10}", f"so-{i:05d}", trigger_metadata(i)), Config())
+        for i in range(args.workloads)
+    ]
+    source = SyntheticSource()
+    end = tick_at_or_before(time.time(), INTERVAL_S, 0.0)
+
+    async def read_all() -> list[tuple[WorkloadSpec, list[Signal]]]:
+        return [
+            (spec, await read_history(source, spec, history_segments(spec, end, INTERVAL_S)))
+            for spec in specs
+        ]
+
+    histories = asyncio.run(read_all())
+    ticks = sum(len(history) for _, history in histories)
+    read_s = best(args.repeats, lambda: asyncio.run(read_all()))
+    loud_s = best(args.repeats, lambda: replay(histories, explain=True))
+    quiet_s = best(args.repeats, lambda: replay(histories, explain=False))
+
+    frozen = dataclasses.make_dataclass(
+        "FrozenDecision", [(name, object) for name in Decision._fields], frozen=True
+    )
+    fields = dict(
+        workload="bench/so",
+        metric_name="synthetic-so",
+        at=end,
+        replicas=3,
+        active=True,
+        reason=Reason.CURRENT_NEED,
+        need=2.5,
+        in_flight=20.0,
+        arrival_rate=10.0,
+        detail="",
+        faults=(),
+        signal=None,
+        outlook=None,
+        offered=2.4,
+    )
+    named_s = best(args.repeats, lambda: [Decision(**fields) for _ in range(VALUES)])
+    frozen_s = best(args.repeats, lambda: [frozen(**fields) for _ in range(VALUES)])
+
+    per_start = 1000.0 / len(histories)  # s in all -> ms per warm start
+    print(f"{len(histories)} warm starts, {ticks // len(histories)} ticks, best of {args.repeats}")
+    for name, took in (("history (synthetic)", read_s), ("replay, detail", loud_s)):
+        print(f"  {name:<28} {took * per_start:7.3f} ms per warm start")
+    print(f"  {'replay, quiet':<28} {quiet_s * per_start:7.3f} ms per warm start")
+    print(f"  {'ratio quiet / detail':<28} {quiet_s / loud_s:7.3f}")
+    print(f"  {'Decision, NamedTuple':<28} {named_s / VALUES * 1e6:7.3f} us")
+    print(f"  {'Decision, frozen dataclass':<28} {frozen_s / VALUES * 1e6:7.3f} us")
+    print(f"  {'ratio NamedTuple / frozen':<28} {named_s / frozen_s:7.3f}")
+
+
+if __name__ == "__main__":
+    main()
