@@ -263,16 +263,13 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
     ):
         drain = (signal.arrival_rate or 0.0) + signal.waiting / spec.queue_time_slo_s
         terms["queue_slo"] = drain * s / per_replica
-    gpu_time = [
-        rate / per_s
-        for rate, per_s in (
-            (signal.prompt_tokens_rate, spec.prefill_tokens_per_s),
-            (signal.generation_tokens_rate, spec.decode_tokens_per_s),
-        )
-        if rate is not None and per_s is not None
-    ]
-    if gpu_time:
-        terms["tokens"] = sum(gpu_time)
+    # Plain branches, not a comprehension over pairs: this runs on every tick and replayed tick.
+    prompt, prefill = signal.prompt_tokens_rate, spec.prefill_tokens_per_s
+    generated, decode = signal.generation_tokens_rate, spec.decode_tokens_per_s
+    if prompt is not None and prefill is not None:
+        terms["tokens"] = prompt / prefill
+    if generated is not None and decode is not None:
+        terms["tokens"] = terms.get("tokens", 0.0) + generated / decode
     if (
         spec.kv_cache_target is not None
         and signal.kv_cache_usage is not None
@@ -280,10 +277,11 @@ def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need
         and signal.kv_cache_usage > spec.kv_cache_target
     ):
         terms["kv_cache"] = signal.ready_pods * signal.kv_cache_usage / spec.kv_cache_target
-    terms = {name: value for name, value in terms.items() if math.isfinite(value)}
+    for name in [name for name, value in terms.items() if not math.isfinite(value)]:
+        del terms[name]  # what is left keeps its order: the first of equal terms names the need
     if not terms:
         return None
-    term = max(terms, key=lambda name: terms[name])
+    term = max(terms, key=terms.__getitem__)
     if steady_queue is None:
         return Need(terms[term], term, terms, steady=terms[term], loaded_s=loaded)
     lasting = [v for name, v in terms.items() if name not in ("queue", "queue_slo")]

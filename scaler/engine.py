@@ -157,7 +157,13 @@ async def read_history(
     source: Source, spec: WorkloadSpec, segments: tuple[Segment, ...]
 ) -> list[Signal]:
     """The segments' signals, in order. The segments are read at once (a warm start waits for
-    one round trip, not one per segment); if one read fails, the others are cancelled."""
+    one round trip, not one per segment); if one read fails, the others are cancelled. An empty
+    segment (the idle window inside the fine part) is not read; a single one is awaited
+    directly, without tasks: fewer loop iterations for a first answer to wait through."""
+    segments = tuple(segment for segment in segments if segment.end > segment.start)
+    if len(segments) == 1:
+        only = segments[0]
+        return await source.history(spec, only.start, only.end, only.step)
     reads = [
         asyncio.ensure_future(source.history(spec, segment.start, segment.end, segment.step))
         for segment in segments
