@@ -399,3 +399,24 @@ def test_warm_start_burst_bench_prints_both_runs() -> None:
     assert set(rows) == {"atonce", "inorder"}
     assert all(int(row[0]) <= 40 for row in rows.values())  # first decisions within 2 s
     assert lines[4].startswith("in order / at once: p50 ")
+
+
+def test_decide_cpu_bench_prints_its_ratios() -> None:
+    """bench/decide_cpu.py (figures in the README) runs and prints every row and both ratios;
+    the figures themselves are for the README, not asserted (this machine is noisy)."""
+    lines = run_bench("decide_cpu.py", "--workloads", "20", "--repeats", "3")
+    assert lines[0] == "20 warm starts, 60 ticks, best of 3"
+    rows = {line[:30].strip(): float(line[30:].split()[0]) for line in lines[1:]}
+    assert list(rows) == [
+        "history (synthetic)",
+        "replay, detail",
+        "replay, quiet",
+        "ratio quiet / detail",
+        "Decision, NamedTuple",
+        "Decision, frozen dataclass",
+        "ratio NamedTuple / frozen",
+    ]
+    assert rows["ratio quiet / detail"] == pytest.approx(
+        rows["replay, quiet"] / rows["replay, detail"], abs=0.01
+    )
+    assert all(value > 0 for value in rows.values())
