@@ -658,6 +658,9 @@ def test_prometheus_engine_bench_batches_the_engines_reads(prometheus_bin: str) 
     reads, requests = 1, -1  # columns: first decisions, reads/s, ..., requests/read
     assert set(rows) == {"batched", "alone"}
     assert 0 < rows["batched"][requests] < 0.8
-    assert rows["alone"][requests] == pytest.approx(1.0, abs=0.05)
+    # The window's two counts are read a moment apart (the engine's reads, Prometheus's request
+    # counter), so reads in flight at an edge count on one side only: ~100 reads in 5 s, a slot's
+    # few at once; 1.05 was seen in a fresh clone's run, right at the old 0.05 tolerance.
+    assert rows["alone"][requests] == pytest.approx(1.0, abs=0.1)
     for row in rows.values():
         assert row[reads] > 0.8 * 100 / 5  # due: 100 workloads every 5 s
