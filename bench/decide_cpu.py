@@ -30,7 +30,7 @@ from collections.abc import Callable
 from scaler.bench.load import trigger_metadata
 from scaler.config import Config
 from scaler.engine import history_segments, read_history, tick_at_or_before
-from scaler.policy import Decision, PolicyState, Reason, decide
+from scaler.policy import Decision, PolicyState, decide
 from scaler.signals import Signal
 from scaler.sources.synthetic import SyntheticSource
 from scaler.trigger import TriggerCache
@@ -86,22 +86,10 @@ def main() -> None:
     frozen = dataclasses.make_dataclass(
         "FrozenDecision", [(name, object) for name in Decision._fields], frozen=True
     )
-    fields = dict(
-        workload="bench/so",
-        metric_name="synthetic-so",
-        at=end,
-        replicas=3,
-        active=True,
-        reason=Reason.CURRENT_NEED,
-        need=2.5,
-        in_flight=20.0,
-        arrival_rate=10.0,
-        detail="",
-        faults=(),
-        signal=None,
-        outlook=None,
-        offered=2.4,
-    )
+    spec, history = histories[0]
+    sample, _ = decide(spec, history[-1], PolicyState(), history[-1].at, STALE_S)
+    assert sample is not None
+    fields = sample._asdict()  # a real decision's values, built both ways below
     named_s = best(args.repeats, lambda: [Decision(**fields) for _ in range(VALUES)])
     frozen_s = best(args.repeats, lambda: [frozen(**fields) for _ in range(VALUES)])
 

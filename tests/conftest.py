@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
@@ -29,6 +30,12 @@ FAST = ServerSettings(
 
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+# What the policy's and the windows' property tests share: reproducible examples, no per-example
+# deadline (a shared CI machine is noisy), and slow data generation allowed. Each test sets its
+# own max_examples on top: @settings(PROPERTIES, max_examples=N).
+PROPERTIES = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 def run_bench(script: str, *args: str, timeout_s: float = 120) -> list[str]:

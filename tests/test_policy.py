@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scaler.config import Config
@@ -12,6 +12,7 @@ from scaler.policy import Decision, PolicyState, Reason, decide, hold
 from scaler.signals import Signal
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec, resolve
+from tests.conftest import PROPERTIES
 
 STALE = 600.0
 T0 = 1_700_000_000.0
@@ -338,12 +339,7 @@ def spec_for(bounds: tuple[int, int], target: float, stab: float, idle: float) -
     )
 
 
-@settings(
-    max_examples=500,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(PROPERTIES, max_examples=500)
 @given(BOUNDS, TARGETS, st.sampled_from((0, 30, 300)), st.sampled_from((0, 60, 600)), STEPS)
 def test_replicas_always_within_bounds(
     bounds: tuple[int, int],
@@ -364,12 +360,7 @@ def test_replicas_always_within_bounds(
         assert decision.active or decision.replicas == bounds[0]
 
 
-@settings(
-    max_examples=500,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(PROPERTIES, max_examples=500)
 @given(
     BOUNDS,
     TARGETS,
@@ -749,12 +740,7 @@ FULL_TICKS = st.lists(
 )
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(PROPERTIES, max_examples=300)
 @given(BOUNDS, TARGETS, FULL_TICKS)
 def test_a_quiet_decision_is_the_same_decision_without_its_detail(
     bounds: tuple[int, int],

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scaler.config import Config
@@ -18,6 +18,7 @@ from scaler.sources.prometheus import matchers_for
 from scaler.sources.window import Result, Window, histogram_quantile
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec, resolve
+from tests.conftest import PROPERTIES
 
 SAMPLES = Path(__file__).parent / "data" / "metrics-samples"
 TRITON = (SAMPLES / "triton-pytriton-under-load.txt").read_text()
@@ -442,12 +443,7 @@ _STEPS = st.lists(
 )
 
 
-@settings(
-    max_examples=300,
-    derandomize=True,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(PROPERTIES, max_examples=300)
 @given(start=st.floats(min_value=0, max_value=1e9, allow_nan=False), steps=_STEPS)
 def test_rates_of_counters_with_resets_are_finite_and_non_negative(
     start: float, steps: list[tuple[float, float, bool, float]]

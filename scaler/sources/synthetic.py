@@ -55,8 +55,12 @@ def shape_of(spec: WorkloadSpec) -> Shape:
     )
 
 
-def synthetic_signal(spec: WorkloadSpec, at: float, shape: Shape | None = None) -> Signal:
-    pattern, peak, service, period = shape if shape is not None else shape_of(spec)
+def synthetic_signal(spec: WorkloadSpec, at: float) -> Signal:
+    return shaped_signal(shape_of(spec), at)
+
+
+def shaped_signal(shape: Shape, at: float) -> Signal:
+    pattern, peak, service, period = shape
     rate = max(synthetic_rate(pattern, peak, period, at), 0.0)
     queue_time = service / 4 * (rate / peak) ** 2 if peak > 0 else 0.0
     return Signal(
@@ -80,4 +84,4 @@ class SyntheticSource:
     ) -> list[Signal]:
         count = max(0, math.ceil((end - start) / step - 1e-9))  # the grid never reaches `end`
         shape = shape_of(spec)
-        return [synthetic_signal(spec, start + i * step, shape) for i in range(count)]
+        return [shaped_signal(shape, start + i * step) for i in range(count)]
