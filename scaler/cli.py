@@ -289,6 +289,7 @@ def _bench_replay(args: argparse.Namespace) -> int:
             speedup=args.speedup,
             companion=args.companion,
             node_price=args.node_price,
+            consolidation=args.consolidation,
         )
     )
 
@@ -605,6 +606,15 @@ def parser() -> argparse.ArgumentParser:
         "with forecast=on alone (scaler+forecast) and with the companion pre-warming nodes with "
         "placeholder pods (scaler+prewarm): node-hours, replica start and scale-from-zero "
         "latency with and without the companion",
+    )
+    rp.add_argument(
+        "--consolidation",
+        choices=("WhenEmptyOrUnderutilized", "WhenEmpty"),
+        default="WhenEmptyOrUnderutilized",
+        help="the Karpenter NodePool's consolidationPolicy for every policy: "
+        "WhenEmptyOrUnderutilized (Karpenter v1's default, what most clusters run) also repacks "
+        "part-empty nodes by evicting their pods, which restart elsewhere; WhenEmpty only removes "
+        "empty nodes (default %(default)s)",
     )
     rp.add_argument("--json", action="store_true", help="one JSON object")
     rp.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")

@@ -14,7 +14,7 @@ from scaler import cli
 from scaler.companion.model import CompanionConfig
 from scaler.outlook import Outlook
 from scaler.policy import Decision, Reason
-from scaler.sim.cluster import Cluster, ClusterConfig
+from scaler.sim.cluster import WHEN_EMPTY, Cluster, ClusterConfig
 from scaler.sim.fleet import Fleet, StepStats
 from scaler.sim.policies import ScalerPolicy, scaler_metadata
 from scaler.sim.prewarm import COMPANION, FORECAST, PREWARM, Prewarm, with_forecast
@@ -271,7 +271,12 @@ def test_scaler_with_the_companion_pays_less_on_a_ramp_down_at_the_same_slo() ->
     emptiest nodes' pods go first, their nodes are consolidated, and it ends on 2 (6.9 GPU-h)
     with the same SLO attainment."""
     requests = _ramp(900.0, 40.0, 2.0)
-    cfg = SimConfig(get_profile("llama3-8b-a100"), drain_s=300.0, policies=("scaler",))
+    cfg = SimConfig(
+        get_profile("llama3-8b-a100"),
+        drain_s=300.0,
+        policies=("scaler",),
+        consolidation=WHEN_EMPTY,  # packing is what makes WhenEmpty consolidation pay
+    )
     result = run_bench(requests, cfg)
     (alone,) = result.runs
     assert result.scaler_metadata.get("forecast") is None  # the scaler's default: forecast off

@@ -4,15 +4,30 @@ Why nodes and not just replicas: a GPU replica that needs a new node waits for t
 boot, device plugin) and then for its model to load; a replica that fits on a node already up waits
 only for the model. And cost is paid per node-hour, whole nodes, from launch to termination, so a
 fleet that shrinks from 9 replicas to 8 on 8-GPU nodes still pays for two nodes until the second
-one is empty for `consolidateAfter` (Karpenter `consolidationPolicy: WhenEmpty`).
+one is empty for `consolidateAfter`.
+
+Consolidation (`ClusterConfig.consolidation`, a NodePool's `spec.disruption.consolidationPolicy`):
+`WhenEmpty` removes a node once it has had no pods for `consolidateAfter`.
+`WhenEmptyOrUnderutilized` (Karpenter v1's default) also repacks: a ready node whose pods have not
+changed for `consolidateAfter` and whose pods (placeholders included) all fit on the free GPUs of
+the other ready nodes is disrupted: tainted (nothing new binds there), its pods evicted (a ready pod
+drains like a deleted one, for the termination grace period; the ReplicaSet creates a replacement at
+once, which binds to a free GPU elsewhere and loads the model again: the restart the repack costs),
+then the node goes once its pods are gone. Candidates go fewest pods first, several at once when
+their pods fit together (multi-node consolidation), within the disruption budget (`nodes: 10%` of
+the NodePool's nodes, rounded up, Karpenter's default) and never while pods are pending. Not
+modelled: replacing nodes by a cheaper launch (one node type here, so a replacement is never cheaper
+than the node it replaces, except k nodes by one new node, which is left out), PodDisruptionBudgets.
+A Deployment whose pods carry `karpenter.sh/do-not-disrupt` (`Cluster.do_not_disrupt`) is never
+repacked.
 
 Pods: a Deployment scale-up creates pending pods; they bind to free GPUs on ready nodes (then load
 the model), or to free GPUs on nodes being launched, or Karpenter launches ceil(rest / GPUs per
-node) new nodes. A scale-down deletes pods in the ReplicaSet controller's order (unscheduled first,
-then not ready, then the lowest `pod-deletion-cost`, then ready pods on nodes with more replicas
-of the set, newest first: so without deletion costs it spreads the fleet; `pack`); a deleted
-ready pod stops receiving requests and drains its running ones for up to the termination grace
-period, then anything left is dropped.
+node) new nodes. A scale-down deletes pods in the ReplicaSet controller's order (unscheduled
+first, then not ready, then the lowest `pod-deletion-cost`, then ready pods on nodes with more
+replicas of the set, newest first: so without deletion costs it spreads the fleet; `pack`); a
+deleted ready pod stops receiving requests and drains its running ones for up to the termination
+grace period (terminationGracePeriodSeconds), then SIGKILL drops anything left, as Kubernetes does.
 
 Placeholders (`set_placeholders`, the companion's pre-warm): negative-priority pause pods of one
 GPU each. They bind like pods (free GPUs, else Karpenter launches nodes for them), hold their
@@ -72,6 +87,14 @@ class Node:
     holders: set[int] = field(default_factory=set)  # placeholders bound here
     empty_since: float | None = None
     terminated_at: float | None = None
+    last_change: float = -math.inf  # a pod bound or removed here (consolidateAfter's clock)
+    disrupting: bool = False  # tainted by consolidation: its pods are being evicted
+
+
+WHEN_EMPTY = "WhenEmpty"
+WHEN_UNDERUTILIZED = "WhenEmptyOrUnderutilized"
+CONSOLIDATION_POLICIES = (WHEN_EMPTY, WHEN_UNDERUTILIZED)
+DISRUPTION_BUDGET = 0.1  # NodePool spec.disruption.budgets default: nodes "10%"
 
 
 @dataclass(frozen=True)
@@ -82,6 +105,14 @@ class ClusterConfig:
     consolidate_after_s: float = 60.0
     termination_grace_s: float = 30.0
     max_nodes: int = 1000  # NodePool limits
+    consolidation: str = WHEN_UNDERUTILIZED  # NodePool spec.disruption.consolidationPolicy
+
+    def __post_init__(self) -> None:
+        if self.consolidation not in CONSOLIDATION_POLICIES:
+            raise ValueError(
+                f"consolidation {self.consolidation!r}: accepted "
+                + ", ".join(CONSOLIDATION_POLICIES)
+            )
 
 
 class Cluster:
@@ -94,6 +125,10 @@ class Cluster:
         self.gpu_seconds = 0.0
         self.zero_node_seconds = 0.0
         self.dropped_by_kill = 0
+        self.evictions = 0  # pods evicted by WhenEmptyOrUnderutilized consolidation
+        # The pod template's `karpenter.sh/do-not-disrupt: "true"`: consolidation leaves nodes
+        # running these pods alone (it still removes empty nodes).
+        self.do_not_disrupt = False
         self.placeholders: dict[int, Placeholder] = {}
         self._next_placeholder = 0
         # (created_at, ready_at) of every pod that became ready in `tick` (warm pods excluded).
@@ -176,7 +211,7 @@ class Cluster:
         for _ in range(replicas):
             pod = self._new_pod(at)
             node = free.pop(0)
-            self._bind(pod, node)
+            self._bind(pod, node, at)
             pod.phase, pod.ready_at = Phase.READY, at
 
     def scale_to(self, at: float, desired: int) -> None:
@@ -257,7 +292,7 @@ class Cluster:
                 taken += 1
                 if holder is not None:
                     self._unbind_placeholder(holder, at)
-                self._bind(pod, node)
+                self._bind(pod, node, at)
                 if self.nodes[node].ready_at <= at:
                     pod.phase, pod.ready_at = Phase.LOADING, at + self.cfg.model_load_s
             self._launch_for(at, pending)
@@ -268,7 +303,7 @@ class Cluster:
             free = self._free_slots()
             free.sort(key=lambda n: self._slot_key(n, None, at))
             while waiting and free:
-                self._bind_placeholder(waiting.pop(0), free.pop(0))
+                self._bind_placeholder(waiting.pop(0), free.pop(0), at)
             self._launch_for(at, waiting)
 
     def _slot_key(
@@ -296,9 +331,9 @@ class Cluster:
                     break
                 item = queue.pop(0)
                 if isinstance(item, Placeholder):
-                    self._bind_placeholder(item, launched.id)
+                    self._bind_placeholder(item, launched.id, at)
                 else:
-                    self._bind(item, launched.id)
+                    self._bind(item, launched.id, at)
 
     def _consolidate(self, at: float) -> None:
         for node in self.nodes.values():
@@ -309,8 +344,70 @@ class Cluster:
                 continue
             if node.empty_since is None:
                 node.empty_since = at
-            if node.ready_at <= at and at - node.empty_since >= self.cfg.consolidate_after_s:
+            if node.disrupting or (
+                node.ready_at <= at and at - node.empty_since >= self.cfg.consolidate_after_s
+            ):
                 node.terminated_at = at
+        if self.cfg.consolidation == WHEN_UNDERUTILIZED:
+            self._repack(at)
+
+    def _repack(self, at: float) -> None:
+        """WhenEmptyOrUnderutilized: disrupt the nodes whose pods fit elsewhere (module doc)."""
+        if self.do_not_disrupt:
+            return
+        if any(p.node is None for p in self.pods.values()) or any(
+            h.node is None for h in self.placeholders.values()
+        ):
+            return  # pods pending: Karpenter provisions before it consolidates
+        live = [n for n in self.nodes.values() if n.terminated_at is None]
+        budget = math.ceil(DISRUPTION_BUDGET * len(live) - 1e-9)
+        budget -= sum(1 for n in live if n.disrupting)
+        if budget <= 0:
+            return
+        gpus = self.cfg.node.gpus
+        ready = [n for n in live if not n.disrupting and n.ready_at <= at]
+        free = {n.id: gpus - len(n.pods) - len(n.holders) for n in ready}
+        candidates = sorted(
+            (
+                n
+                for n in ready
+                if (n.pods or n.holders) and at - n.last_change >= self.cfg.consolidate_after_s
+            ),
+            key=lambda n: (len(n.pods) + len(n.holders), n.id),
+        )
+        chosen: list[Node] = []
+        moved = 0
+        room = sum(free.values())
+        for node in candidates:
+            if len(chosen) >= budget:
+                break
+            load = len(node.pods) + len(node.holders)
+            if moved + load <= room - free[node.id]:
+                chosen.append(node)
+                moved += load
+                room -= free[node.id]
+        for node in chosen:
+            self._evict_node(node, at)
+
+    def _evict_node(self, node: Node, at: float) -> None:
+        """Taint the node and evict its pods: ready ones drain, the ReplicaSet replaces each
+        evicted pod at once (pending, so it binds elsewhere and loads the model again);
+        placeholders pend again (and rebind to a free GPU)."""
+        node.disrupting = True
+        for pid in sorted(node.pods):
+            pod = self.pods[pid]
+            if pod.phase is Phase.DRAINING:
+                continue
+            self.evictions += 1
+            if pod.phase is Phase.READY:
+                pod.phase, pod.deadline = Phase.DRAINING, at + self.cfg.termination_grace_s
+            else:
+                self._remove(pod, at)
+            self._new_pod(at)
+        for hid in sorted(node.holders):
+            self._unbind_placeholder(self.placeholders[hid], at)
+        if not node.pods:
+            node.terminated_at = at
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -326,29 +423,33 @@ class Cluster:
         self.nodes[node.id] = node
         return node
 
-    def _bind(self, pod: Pod, node: int) -> None:
+    def _bind(self, pod: Pod, node: int, at: float) -> None:
         pod.node = node
         self.nodes[node].pods.add(pod.id)
         self.nodes[node].empty_since = None
+        self.nodes[node].last_change = at
 
     def _remove(self, pod: Pod, at: float) -> None:
         if pod.node is not None:
             node = self.nodes[pod.node]
             node.pods.discard(pod.id)
+            node.last_change = at
             if not node.pods and not node.holders:
                 node.empty_since = at
         del self.pods[pod.id]
 
-    def _bind_placeholder(self, holder: Placeholder, node: int) -> None:
+    def _bind_placeholder(self, holder: Placeholder, node: int, at: float) -> None:
         holder.node = node
         self.nodes[node].holders.add(holder.id)
         self.nodes[node].empty_since = None
+        self.nodes[node].last_change = at
 
     def _unbind_placeholder(self, holder: Placeholder, at: float) -> None:
         """Preempted or removed: off its node (which may now be empty), pending again."""
         assert holder.node is not None
         node = self.nodes[holder.node]
         node.holders.discard(holder.id)
+        node.last_change = at
         if not node.pods and not node.holders:
             node.empty_since = at
         holder.node = None
@@ -357,6 +458,6 @@ class Cluster:
         """One entry per free GPU on a live node (node ids, repeated)."""
         slots: list[int] = []
         for node in self.nodes.values():
-            if node.terminated_at is None:
+            if node.terminated_at is None and not node.disrupting:
                 slots += [node.id] * (self.cfg.node.gpus - len(node.pods) - len(node.holders))
         return slots

@@ -18,9 +18,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scaler.sim.cluster import WHEN_UNDERUTILIZED
 from scaler.sim.profiles import DEFAULT_PROFILE, get_profile
 from scaler.sim.report import plot, table, to_json
-from scaler.sim.run import BenchResult, SimConfig, run_bench, total_steps
+from scaler.sim.run import BenchResult, SimConfig, SimulationError, run_bench, total_steps
 from scaler.sim.workload import Requests, build_requests
 from scaler.traces import Trace, TraceError, load_trace
 
@@ -43,6 +44,7 @@ class ReplayOptions:
     speedup: float = 5.0
     companion: bool = False
     node_price: float | None = None  # USD per node-hour instead of the profile's on-demand
+    consolidation: str = WHEN_UNDERUTILIZED  # the NodePool's consolidationPolicy
 
 
 FULL_STACK_DURATION_S = 600.0  # trace seconds a full-stack replay takes by default
@@ -112,6 +114,7 @@ def replay(options: ReplayOptions) -> int:
             seed=options.seed,
             scaler_metadata=dict(options.metadata),
             companion=options.companion,
+            consolidation=options.consolidation,
         )
         if options.companion and options.full_stack:
             raise ValueError("--companion runs offline only; drop --full-stack")
@@ -132,6 +135,9 @@ def replay(options: ReplayOptions) -> int:
         except ValueError as exc:
             print(f"scaler bench replay: {exc}", file=sys.stderr)
             return 2
+        except SimulationError as exc:  # a sanity check failed: the figures would mislead
+            print(f"scaler bench replay: sanity check failed: {exc}", file=sys.stderr)
+            return 1
         finally:
             if bar is not None:
                 bar.close()

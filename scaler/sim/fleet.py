@@ -164,6 +164,26 @@ class Fleet:
         size = max(int(pods.max()), int(self.r_pod.max()) if self.r_pod.size else 0) + 1
         return np.bincount(self.r_pod, minlength=size)[pods].astype(np.int64)
 
+    def drain_bound_s(self, pods: IntArray) -> FloatArray:
+        """An upper bound on how long each of `pods` takes to finish its running requests if it
+        gets no new ones (a deleted pod draining): its prompt tokens left at the slowest
+        prefill share of its batch, then the longest decode left at the iteration time of its
+        current batch (a draining batch only shrinks, so iterations only get faster)."""
+        out = np.zeros(pods.size)
+        if pods.size == 0 or self.r_id.size == 0:
+            return out
+        svc = self.svc
+        size = max(int(pods.max()), int(self.r_pod.max())) + 1
+        n = np.bincount(self.r_pod, minlength=size).astype(np.float64)
+        prefill = np.bincount(self.r_pod, weights=self.r_prefill, minlength=size)
+        decode = np.zeros(size)
+        np.maximum.at(decode, self.r_pod, self.r_decode)
+        share = np.array([svc.prefill_share(float(b)) for b in n])
+        step = svc.decode_base_s + svc.decode_per_seq_s * np.maximum(n, 1.0)
+        bound = prefill / (svc.prefill_tokens_per_s * share) + (decode + 1.0) * step
+        bound[n == 0] = 0.0
+        return bound[pods] + self.dt
+
     def kv_usage(self, pods: IntArray) -> FloatArray:
         """KV-cache usage (0-1) of each of `pods` after the last step (vLLM's
         kv_cache_usage_perc; growth past the cache would preempt, so it reads at most 1)."""

@@ -44,9 +44,22 @@ from scaler.workload import WorkloadSpec, resolve
 
 IntArray = NDArray[np.int64]
 
+PROTECTED_COST = 2**31 - 1  # the highest pod-deletion-cost: deleted last
 PROMETHEUS_SCRAPE_S = 15.0  # the baselines read metrics as Prometheus last scraped them
 GPU_UTIL_TARGET = 0.8
-NAMES = ("always-on", "hpa-gpu-util", "keda-prometheus", "scaler", "oracle")
+KEDA_INFLIGHT = "keda-inflight-70%"  # the threshold a user would pick: 70% of a replica's slots
+KEDA_INFLIGHT_BEST = "keda-inflight-best(hindsight)"  # the best of a sweep, chosen afterwards
+KEDA_INFLIGHT_SHARE = 0.7
+KEDA_INFLIGHT_SWEEP = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # shares of a replica's slots
+NAMES = (
+    "always-on",
+    "hpa-gpu-util",
+    "keda-prometheus",
+    KEDA_INFLIGHT,
+    KEDA_INFLIGHT_BEST,
+    "scaler",
+    "oracle",
+)
 
 
 class Policy(Protocol):
@@ -109,12 +122,51 @@ class HpaGpuUtil:
         return self.hpa.normalize(at, current, proposal)
 
 
+class KedaInflight:
+    """KEDA's Prometheus scaler on requests in flight, the strongest plain reactive setup:
+    `sum(vllm:num_requests_running + vllm:num_requests_waiting)` with metricType AverageValue
+    and `threshold` per replica, minReplicaCount 1 (so KEDA's activation never scales to zero
+    and the HPA it creates does the scaling: minReplicas 1, tolerance 0.1, 300 s scale-down
+    stabilization, syncing every 15 s on the value Prometheus last scraped, every 15 s; KEDA's
+    pollingInterval 30 s only drives activation). Running requests keep it up while they run,
+    unlike the queue-depth pitfall."""
+
+    def __init__(self, max_replicas: int, threshold: float, name: str = KEDA_INFLIGHT) -> None:
+        self.name = name
+        self.keda = Keda(1)
+        self.hpa = Hpa(1, max_replicas, HpaBehavior())
+        self.threshold = threshold
+        self.scraped = 0.0
+        self.next_scrape = -math.inf
+
+    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+        if at + 1e-9 >= self.next_scrape:
+            self.next_scrape = at + PROMETHEUS_SCRAPE_S
+            self.scraped = float(stats.waiting + stats.running)
+        current = cluster.replicas
+        wanted = current
+        if self.keda.due(at):
+            wanted = self.keda.poll(at, current, self.scraped > 0.0)
+        if wanted > 0 and current > 0 and self.hpa.due(at):
+            proposal = average_value_replicas(
+                current, self.scraped, self.threshold, self.hpa.behavior.tolerance
+            )
+            wanted = self.hpa.normalize(at, current, proposal)
+        return wanted
+
+
+def keda_inflight_threshold(slots: int, share: float) -> float:
+    """Requests in flight per replica for a share of its slots (at least one)."""
+    return max(1.0, math.floor(share * slots))
+
+
 class KedaPrometheus:
-    """KEDA's Prometheus scaler on queue depth: `sum(vllm:num_requests_waiting)` with an
-    AverageValue `threshold` per replica and activationThreshold 0; HPA defaults (tolerance
-    0.1, 300 s scale-down window), pollingInterval 30 s, cooldownPeriod 300 s, min 0. With
-    nothing waiting for a cooldownPeriod it goes to zero even while requests run: the pitfall
-    of a trigger on queue depth alone, kept because it is what the documented setup does."""
+    """The documented pitfall, kept as such: KEDA's Prometheus scaler on queue depth:
+    `sum(vllm:num_requests_waiting)` with an AverageValue `threshold` per replica and
+    activationThreshold 0; HPA defaults (tolerance 0.1, 300 s scale-down window),
+    pollingInterval 30 s, cooldownPeriod 300 s, min 0. With nothing waiting for a cooldownPeriod
+    it goes to zero even while requests run: the pitfall of a trigger on queue depth alone, kept
+    because it is what the documented setup does."""
 
     name = "keda-prometheus"
 
@@ -229,13 +281,34 @@ class Oracle:
     schedule: IntArray
     dt: float
     name: str = "oracle"
+    origin_s: float = 0.0  # the time of schedule[0] (the pre-roll's start: negative)
+    grace_s: float = math.inf  # the pods' termination grace period
 
     def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
         # The floor packs its scale-downs onto the fewest nodes (pod-deletion-cost, as the
-        # companion does): a lower bound must not pay for the ReplicaSet's spreading.
+        # companion does): a lower bound must not pay for the ReplicaSet's spreading. Packed, it
+        # leaves nothing to repack, so its pods say karpenter.sh/do-not-disrupt: no eviction
+        # restarts a replica it has scheduled (with foresight it would not fragment).
+        cluster.do_not_disrupt = True
         cluster.pack()
-        k = min(max(0, round(at / self.dt)), self.schedule.size - 1)
-        return int(self.schedule[k])
+        k = min(max(0, round((at - self.origin_s) / self.dt)), self.schedule.size - 1)
+        wanted = int(self.schedule[k])
+        current = cluster.replicas
+        if wanted >= current:
+            return wanted
+        # Nodes are billed whole: a replica on a node that stays up anyway is free, so it
+        # scales down only by what empties nodes (its packed fleet fills them in order).
+        gpus = cluster.cfg.node.gpus
+        wanted = min(current, math.ceil(wanted / gpus) * gpus)
+        if wanted >= current:
+            return None
+        # With foresight it deletes only pods that drain within the grace period (no request
+        # killed): the others get the highest deletion cost, and the scale-down waits for them.
+        ready = cluster.serving()
+        slow = ready[fleet.drain_bound_s(ready) > self.grace_s]
+        for pid in slow.tolist():
+            cluster.pods[pid].deletion_cost = PROTECTED_COST
+        return max(wanted, int(slow.size))
 
 
 class ReactiveBound:
@@ -287,34 +360,70 @@ def oracle_need(
     n_steps: int,
     slots: int,
     window_s: float = 30.0,
+    origin_s: float = 0.0,
+    slo_s: float | None = None,
 ) -> IntArray:
     """Replicas each step needs so nobody queues, from the arrivals ahead; the larger of two
-    bounds, each at a full replica (`slots` requests, the most work per GPU-second):
+    bounds, each at a full replica (`slots` requests, the most work per GPU-second). Step k
+    covers [origin_s + k dt, origin_s + (k + 1) dt): the simulator's timeline starts at the
+    pre-roll (negative), so requests still in flight from it at t = 0 are in the need.
 
     - concurrency: requests in flight if each started on arrival and ran at a full replica's
       speed, divided by `slots`;
     - GPU time: GPU-seconds of work arriving per second (prompt tokens at the prefill rate,
-      output tokens at a full batch's decode cost per request) over a centred `window_s`.
+      output tokens at a full batch's decode cost per request) over a centred `window_s`,
+      averaged over the part of the window inside the timeline (cut at neither end);
+    - with `slo_s`, bursts: work W arriving within any window of L seconds (1 s to 512 s,
+      doubling) is served with at most `slo_s` of queueing only if W <= capacity x (L + slo_s),
+      so every step inside that window needs W / (L + slo_s) replicas (of GPU time).
 
     At least one replica while anything is in flight. The run then refines it (`bump_need`)."""
     starts = requests.arrivals_s
     decode_s = np.maximum(requests.output_tokens - 1, 0) * service.decode_step_s(slots)
     prefill_s = requests.input_tokens / service.prefill_tokens_per_s
     ends = np.sort(starts + prefill_s + decode_s)
-    edges = np.arange(n_steps + 1) * dt
+    edges = origin_s + np.arange(n_steps + 1) * dt
     begun = np.searchsorted(starts, edges[1:], side="left")
     over = np.searchsorted(ends, edges[:-1], side="right")
     in_flight = begun - over
     need = np.ceil(in_flight / slots).astype(np.int64)
     cost = prefill_s + decode_s / slots  # GPU-seconds per request on a full replica
-    step = np.minimum((starts / dt).astype(np.int64), n_steps - 1)
-    work = np.bincount(step, weights=cost, minlength=n_steps)
-    width = max(1, round(window_s / dt))
-    kernel = np.ones(width) / (width * dt)
-    gpu = np.convolve(work, kernel, mode="same")
+    inside = (starts >= origin_s) & (starts < edges[-1])
+    step = np.floor((starts[inside] - origin_s) / dt).astype(np.int64)
+    step = np.clip(step, 0, n_steps - 1)
+    work = np.bincount(step, weights=cost[inside], minlength=n_steps).astype(np.float64)
+    width = max(1, min(n_steps, round(window_s / dt)))
+    kernel = np.ones(width)
+    covered = np.convolve(np.ones(n_steps), kernel, mode="same")
+    gpu = np.convolve(work, kernel, mode="same") / (np.maximum(covered, 1.0) * dt)
     need = np.maximum(need, np.ceil(gpu - 1e-9).astype(np.int64))
+    if slo_s is not None:
+        need = np.maximum(need, _burst_need(work, dt, slo_s))
     need[(in_flight > 0) & (need < 1)] = 1
     return need
+
+
+def _burst_need(work: NDArray[np.float64], dt: float, slo_s: float) -> IntArray:
+    """Per step, the most GPU time any window of 1-512 s holding that step asks for: the work
+    arriving in it over (its length + slo_s), as a replica count (see `oracle_need`)."""
+    total = np.concatenate([[0.0], np.cumsum(work)])
+    out = np.zeros(work.size)
+    steps = 1
+    while steps <= min(work.size, max(1, round(512.0 / dt))):
+        rate = (total[steps:] - total[:-steps]) / (steps * dt + slo_s)  # windows from each step
+        held = rate.copy()  # the window starting at s covers steps s .. s + steps - 1
+        span = 1
+        while span < steps:  # running max over the `steps` windows that cover each step
+            shift = min(span, steps - span)
+            held[shift:] = np.maximum(held[shift:], held[:-shift])
+            span += shift
+        padded = np.zeros(work.size)
+        padded[: held.size] = held
+        for tail in range(1, steps):  # the last steps are covered by windows ending in them
+            padded[held.size - 1 + tail] = max(padded[held.size - 2 + tail], 0.0)
+        out = np.maximum(out, padded)
+        steps *= 2
+    return np.ceil(out - 1e-9).astype(np.int64)
 
 
 def oracle_schedule(need: IntArray, lead_steps: int) -> IntArray:

@@ -122,6 +122,28 @@ LLAMA3_8B_H100 = ServiceProfile(
     ),
 )
 
+LLAMA3_8B_L4 = ServiceProfile(
+    model="meta-llama/Llama-3.1-8B-Instruct (BF16, vLLM, TP=1, --max-model-len 8192)",
+    gpu="L4-24GB",
+    # Decode is memory bound: 16.1 GB of weights read per iteration at the L4's 300 GB/s is
+    # 53.5 ms; the per-request KV read scales the A100's 0.4 ms by the bandwidth ratio
+    # (1555 / 300 GB/s) [I].
+    decode_base_s=0.0535,
+    decode_per_seq_s=0.0021,
+    # 121 TFLOPS BF16 dense peak, 2 x 8.03e9 FLOP per prompt token, ~50% MFU [I].
+    prefill_tokens_per_s=3_770.0,
+    max_batched_tokens=2048,
+    max_num_seqs=256,
+    kv_capacity_tokens=_kv_tokens(24e9, 1.5e9),  # ~30k tokens [I]: 8k-token contexts fit
+    model_load_s=60.0,
+    source=(
+        "NVIDIA L4 datasheet (24 GB GDDR6, 300 GB/s, 121 TFLOPS BF16 dense); decode and "
+        "prefill from those at the A100 profile's efficiencies [I]; max_num_seqs 256 and "
+        "max_num_batched_tokens 2048: vLLM V1's OpenAI-server defaults below 70 GiB "
+        "(arg_utils.py get_batch_defaults); KV from memory arithmetic [I]; model load 60 s [I]"
+    ),
+)
+
 P4D_24XLARGE = NodeType(
     name="p4d.24xlarge",
     gpus=8,
@@ -136,6 +158,14 @@ P5_48XLARGE = NodeType(
     source="AWS EC2 on-demand price, us-east-1 (8x H100 80GB), as quoted in issue 5",
 )
 
+G6_XLARGE = NodeType(
+    name="g6.xlarge",
+    gpus=1,
+    on_demand_usd_per_hour=0.8048,
+    source="AWS EC2 On-Demand pricing (aws.amazon.com/ec2/pricing/on-demand), us-east-1, Linux: "
+    "g6.xlarge (1x L4 24GB, 4 vCPU, 16 GiB) $0.8048/h, as listed in 2025",
+)
+
 PROFILES: dict[str, Profile] = {
     "llama3-8b-a100": Profile(
         "llama3-8b-a100",
@@ -148,6 +178,15 @@ PROFILES: dict[str, Profile] = {
         LLAMA3_8B_H100,
         P5_48XLARGE,
         "Llama-3.1-8B on one H100 80GB per replica, p5.48xlarge nodes",
+    ),
+    # A node shape that fits a small workload: one GPU per node, so a fleet of one or two
+    # replicas pays for one or two GPUs, not for a p4d's eight.
+    "llama3-8b-l4": Profile(
+        "llama3-8b-l4",
+        LLAMA3_8B_L4,
+        G6_XLARGE,
+        "Llama-3.1-8B on one L4 24GB per replica, g6.xlarge nodes of one GPU (for workloads "
+        "of one or two replicas)",
     ),
 }
 DEFAULT_PROFILE = "llama3-8b-a100"

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from scaler.sim.policies import KEDA_INFLIGHT, KEDA_INFLIGHT_BEST
 from scaler.sim.prewarm import COMPANION, FORECAST, PREWARM
 from scaler.sim.run import BenchResult, PolicyRun
 
@@ -55,6 +56,7 @@ class Measures:
     replica_start_p99_s: float
     scale_from_zero_s: float
     scale_from_zero_episodes: int
+    evictions: int  # pods consolidation evicted (WhenEmptyOrUnderutilized), each restarted
 
 
 def _pct(values: np.ndarray[Any, np.dtype[np.float64]], q: float) -> float:
@@ -90,6 +92,7 @@ def measure(run: PolicyRun, slo_s: float) -> Measures:
         replica_start_p99_s=_pct(run.replica_starts_s, 99),
         scale_from_zero_s=float(run.zero_waits_s.mean()) if run.zero_waits_s.size else math.nan,
         scale_from_zero_episodes=int(run.zero_waits_s.size),
+        evictions=run.evictions,
     )
 
 
@@ -130,6 +133,10 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "cold_start_s": cfg.cold_start_s,
         "slo_s": cfg.slo_s,
         "profile": cfg.profile.name,
+        "node": cfg.profile.node.name,
+        "gpus_per_node": cfg.profile.node.gpus,
+        "consolidation": cfg.consolidation,
+        "termination_grace_s": cfg.termination_grace_s,
         "seed": cfg.seed,
         "requests": result.requests.count,
         "duration_s": result.requests.duration_s,
@@ -154,7 +161,8 @@ def table(result: BenchResult) -> str:
         f"${cfg.usd_per_node_hour:g}/h{'' if cfg.node_usd_per_hour is None else ' given'}); "
         f"cold start {cfg.cold_start_s:g} s "
         f"(node {cfg.node_launch_s:g} s + model {cfg.model_load_s:g} s); SLO {cfg.slo_s:g} s; "
-        f"seed {cfg.seed}\n"
+        f"seed {cfg.seed}; consolidation {cfg.consolidation}, termination grace "
+        f"{cfg.termination_grace_s:g} s\n"
         f"replica slots {result.slots}, scaler targetConcurrency {result.target_concurrency:g}, "
         f"warm start {result.initial_replicas} replicas, always-on {result.always_on_replicas}\n"
     )
@@ -165,18 +173,19 @@ def table(result: BenchResult) -> str:
             f"fleet's vLLM /metrics, KEDA/HPA emulator over gRPC) at speedup {fs['speedup']}; "
             "scaler and oracle are the offline policies on the same requests\n"
         )
+    width = max(16, *(len(m.name) + 1 for m in measures))
     columns = (
-        f"{'policy':<16}{'SLO wait':>9}{'SLO ttft':>9}{'p50 wait':>9}{'p99 wait':>9}"
+        f"{'policy':<{width}}{'SLO wait':>9}{'SLO ttft':>9}{'p50 wait':>9}{'p99 wait':>9}"
         f"{'p99 ttft':>9}{'GPU-h':>8}{'node-h':>7}{'USD':>8}{'zero-h':>7}{'dropped':>8}"
-        f"{'events':>7}{'peak':>6}{'start50':>8}{'start99':>8}{'from0':>7}"
+        f"{'events':>7}{'evicted':>8}{'peak':>6}{'start50':>8}{'start99':>8}{'from0':>7}"
     )
     lines = [head, columns, "-" * len(columns)]
     for m in measures:
         lines.append(
-            f"{m.name:<16}{m.slo_attainment:>9.4f}{m.ttft_attainment:>9.4f}"
+            f"{m.name:<{width}}{m.slo_attainment:>9.4f}{m.ttft_attainment:>9.4f}"
             f"{m.p50_queue_wait_s:>9.2f}{m.p99_queue_wait_s:>9.2f}{m.p99_ttft_s:>9.2f}"
             f"{m.gpu_hours:>8.2f}{m.node_hours:>7.2f}{m.cost_usd:>8.1f}"
-            f"{m.hours_at_zero_nodes:>7.2f}{m.dropped:>8d}{m.scale_events:>7d}"
+            f"{m.hours_at_zero_nodes:>7.2f}{m.dropped:>8d}{m.scale_events:>7d}{m.evictions:>8d}"
             f"{m.peak_replicas:>6d}{m.replica_start_p50_s:>8.0f}{m.replica_start_p99_s:>8.0f}"
             f"{_zero(m):>7}"
         )
@@ -184,6 +193,18 @@ def table(result: BenchResult) -> str:
         "start50/99: pod created -> ready, s (p50/p99 over pods created in the trace); from0: "
         "mean s from a request arriving at zero serving replicas to one serving (episodes)"
     )
+    names = {m.name for m in measures}
+    if "keda-prometheus" in names:
+        lines.append(
+            "the pitfall row: keda-prometheus counts waiting requests only, min 0, so it "
+            "scales to zero while requests still run"
+        )
+    if names & {KEDA_INFLIGHT, KEDA_INFLIGHT_BEST}:
+        lines.append(
+            "keda-inflight-*: KEDA's Prometheus scaler on running + waiting, AverageValue, min 1, "
+            f"HPA defaults; {KEDA_INFLIGHT} at 70% of a replica's slots per replica, "
+            f"{KEDA_INFLIGHT_BEST} the best of 50-100% picked after the runs (see its check line)"
+        )
     if any(m.name == PREWARM for m in measures):
         lines.append(
             f"{COMPANION} is the scaler as configured (forecast off by default) plus the "
