@@ -19,7 +19,7 @@ from scaler.sim.policies import (
     Oracle,
     replica_slots,
 )
-from scaler.sim.profiles import P4D_24XLARGE, get_profile
+from scaler.sim.profiles import G6_XLARGE, P4D_24XLARGE, get_profile
 from scaler.sim.report import measure
 from scaler.sim.run import SimConfig, SimulationError, run_bench, simulate
 from scaler.sim.workload import Requests, build_requests
@@ -223,3 +223,24 @@ def test_a_one_gpu_node_profile_for_small_workloads() -> None:
     assert oracle.slo_attainment >= 0.999
     # one or two GPUs billed, not a p4d's eight
     assert oracle.gpu_hours <= 2 * requests.duration_s / 3600 + 1e-9
+
+
+def test_one_gpu_nodes_are_not_repacked_onto_empty_nodes() -> None:
+    # Four one-GPU nodes, two pods deleted: their nodes empty and go; the pods left stay put
+    # (moving one onto an empty node would only swap which node is removed).
+    cluster = Cluster(ClusterConfig(G6_XLARGE, 120.0, 60.0, consolidation=WHEN_UNDERUTILIZED))
+    cluster.warm(4, 0.0)
+    cluster.scale_to(100.0, 2)
+    for t in range(100, 300):
+        cluster.tick(float(t), 1.0, {})
+    assert cluster.evictions == 0 and cluster.live_nodes == 2 and cluster.ready == 2
+
+
+def test_a_warm_hpa_holds_its_replicas_for_the_scale_down_window() -> None:
+    # A warm start means the HPA has been running at the starting count: with nothing in flight
+    # it keeps 3 for the 300 s window, then drops to KEDA's minReplicaCount 1 (not at once).
+    requests = _long_requests(1, 10, at=700.0, span=100.0)
+    cfg = SimConfig(A100, cold_start_s=60.0, warm_window_s=0.0, drain_s=60.0)
+    run = simulate(KedaInflight(50, 10.0), requests, cfg, 3)
+    assert run.replicas[:290].min() == 3
+    assert run.replicas[320:690].max() == 1

@@ -91,6 +91,7 @@ class Hpa:
         self.next_sync = -math.inf
         self.recommendations: deque[tuple[float, int]] = deque()
         self.events: deque[tuple[float, int]] = deque()  # (time, replicas added; < 0 removed)
+        self.started = False
 
     def due(self, at: float) -> bool:
         if at + 1e-9 < self.next_sync:
@@ -101,6 +102,11 @@ class Hpa:
     def normalize(self, at: float, current: int, proposal: int) -> int:
         """Stabilization windows, rate-limit policies and min/max, as horizontal.go applies them."""
         b = self.behavior
+        if not self.started:
+            # A warm start: the HPA has been running at the current count (a new HPA would
+            # have no history and drop at once to its first recommendation).
+            self.started = True
+            self.recommendations.append((at, current))
         longest = max(b.scale_up_window_s, b.scale_down_window_s)
         while self.recommendations and self.recommendations[0][0] <= at - longest:
             self.recommendations.popleft()

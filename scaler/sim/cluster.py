@@ -10,16 +10,17 @@ Consolidation (`ClusterConfig.consolidation`, a NodePool's `spec.disruption.cons
 `WhenEmpty` removes a node once it has had no pods for `consolidateAfter`.
 `WhenEmptyOrUnderutilized` (Karpenter v1's default) also repacks: a ready node whose pods have not
 changed for `consolidateAfter` and whose pods (placeholders included) all fit on the free GPUs of
-the other ready nodes is disrupted: tainted (nothing new binds there), its pods evicted (a ready pod
-drains like a deleted one, for the termination grace period; the ReplicaSet creates a replacement at
-once, which binds to a free GPU elsewhere and loads the model again: the restart the repack costs),
-then the node goes once its pods are gone. Candidates go fewest pods first, several at once when
-their pods fit together (multi-node consolidation), within the disruption budget (`nodes: 10%` of
-the NodePool's nodes, rounded up, Karpenter's default) and never while pods are pending. Not
-modelled: replacing nodes by a cheaper launch (one node type here, so a replacement is never cheaper
-than the node it replaces, except k nodes by one new node, which is left out), PodDisruptionBudgets.
-A Deployment whose pods carry `karpenter.sh/do-not-disrupt` (`Cluster.do_not_disrupt`) is never
-repacked.
+the other ready, non-empty nodes is disrupted: tainted (nothing new binds there), its pods evicted
+(a ready pod drains like a deleted one, for the termination grace period; the ReplicaSet creates
+a replacement at once, which binds to a free GPU elsewhere and loads the model again: the restart
+the repack costs), then the node goes once its pods are gone. Candidates go fewest pods first,
+several at once when their pods fit together (multi-node consolidation), within the disruption
+budget (`nodes: 10%` of the NodePool's nodes, rounded up, Karpenter's default) and never while
+pods are pending. An empty node is no destination (moving pods onto it rather than removing it
+saves nothing). Not modelled: replacing nodes by a cheaper launch (one node type here, so a
+replacement is never cheaper than the node it replaces, except k nodes by one new node, which is
+left out) and PodDisruptionBudgets. A Deployment whose pods carry `karpenter.sh/do-not-disrupt`
+(`Cluster.do_not_disrupt`) is never repacked.
 
 Pods: a Deployment scale-up creates pending pods; they bind to free GPUs on ready nodes (then load
 the model), or to free GPUs on nodes being launched, or Karpenter launches ceil(rest / GPUs per
@@ -366,7 +367,10 @@ class Cluster:
             return
         gpus = self.cfg.node.gpus
         ready = [n for n in live if not n.disrupting and n.ready_at <= at]
-        free = {n.id: gpus - len(n.pods) - len(n.holders) for n in ready}
+        # An empty node is no destination: moving pods onto it instead of removing it saves
+        # nothing (on one-GPU nodes every repack would be such a swap).
+        free = {n.id: gpus - len(n.pods) - len(n.holders) if n.pods or n.holders else 0
+                for n in ready}  # fmt: skip
         candidates = sorted(
             (
                 n
