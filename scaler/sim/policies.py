@@ -1,8 +1,11 @@
-"""The five autoscaling policies of the bench, each deciding the Deployment's replica count.
+"""The autoscaling policies of the bench, each deciding the Deployment's replica count.
 
-Why these five: always-on is what most GPU fleets run; an HPA on GPU utilization and KEDA's
-Prometheus scaler on queue depth are the usual autoscalers; the scaler is this project, called
-through the very decision code that serves KEDA; the oracle bounds what any policy could do.
+Why these: always-on is what most GPU fleets run; an HPA on GPU utilization and KEDA's
+Prometheus scaler are the usual autoscalers, on queue depth (the documented pitfall: it scales to
+zero under running requests) and on requests in flight (the strongest plain reactive setup, at a
+threshold a user would pick and at the best of a sweep in hindsight); the scaler is this project,
+called through the very decision code that serves KEDA; the oracle bounds what any policy could
+do, and must meet the SLO with nothing dropped (`scaler.sim.run` checks it).
 `ReactiveBound` is not a row of the bench: it bounds what a reactive policy could do
 (`bench/reactive_bound.py`).
 

@@ -17,7 +17,8 @@ nodes first and WhenEmpty consolidation can remove them. Values:
   scaler spec's max_replicas (the ScaledObject's maxReplicaCount);
 - NodePool: ready GPUs on ready live nodes, GPUs of the pods bound to a ready node (loading,
   serving or draining: a loading pod already holds its GPU), no limit, no budgets (consolidation
-  in the simulator is WhenEmpty only, so a peak budget changes nothing here).
+  in the simulator defaults to WhenEmptyOrUnderutilized with Karpenter's default 10% budget,
+  which the planner is not told about).
 
 Rows (`scaler.sim.run.companion_rows`): `scaler+companion` is the product's default, the scaler
 with its default metadata (forecast off) plus the companion, whose placeholders then follow the
