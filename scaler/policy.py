@@ -22,8 +22,10 @@ The rule, in the order `decide` applies it (each step names itself as the decisi
 6. scale_down_limit: at most scaleDownMaxPercent of the replicas removed per 60 s (not on the
    way to zero);
 7. min_bound / max_bound: clamped to [minReplicas, maxReplicas];
-8. hold (fail static): with no signal, the last decision is held (never lowered) for stale_s
-   seconds, then there is no decision at all, so KEDA's `fallback` takes over.
+8. hold (fail static): with no signal, or without a queue field the decision needs
+   (`missing_queue_fields`: read as 0 it would lower the target), the last decision is held
+   (never lowered) for stale_s seconds, then there is no decision at all, so KEDA's
+   `fallback` takes over.
 
 Every window the rule keeps is bounded (`policy_memory_s`), so a replica that warm-starts by
 replaying that much history tick for tick decides exactly as one that ran all along.
@@ -39,6 +41,7 @@ from typing import NamedTuple
 from scaler import capacity
 from scaler.outlook import Outlook
 from scaler.signals import Signal
+from scaler.sources.catalog import QUEUE_FIELDS, required_fields
 from scaler.workload import WorkloadSpec
 
 EPSILON = 1e-9
@@ -177,6 +180,27 @@ def hold(state: PolicyState, at: float, stale_s: float, faults: tuple[str, ...])
     return last._replace(at=at, reason=Reason.HOLD, detail=detail, faults=faults, signal=None)
 
 
+def missing_queue_fields(spec: WorkloadSpec, signal: Signal, state: PolicyState) -> tuple[str, ...]:
+    """Faults naming each queue field the decision needs and this signal lacks (absent, NaN or
+    infinite): the backend's gauges, the queue fields the user gave queries for, and any the
+    last good signal had. Sized from what is left, a missing queue would read as 0 and lower the
+    target on data the scaler lacks; the policy holds the last good target instead."""
+    expected = required_fields(spec.trigger.backend, spec.queries)
+    seen = state.last_good.signal if state.last_good is not None else None
+    faults: list[str] = []
+    for field in QUEUE_FIELDS:
+        value = getattr(signal, field)
+        if value is not None and math.isfinite(value):
+            continue
+        if field not in expected and (seen is None or getattr(seen, field) is None):
+            continue
+        why = next((r for r in signal.reasons if r.startswith(f"{field}:")), None)
+        if why is None:
+            why = f"{field}: not reported" if value is None else f"{field}: {value} is not finite"
+        faults.append(f"{why}; the decision needs it, the last good target holds")
+    return tuple(faults)
+
+
 def policy_memory_s(spec: WorkloadSpec) -> float:
     """How far back the next decision depends on past ticks one by one (a warm start replays at
     least this much history at the evaluation interval, so replicas agree exactly)."""
@@ -287,6 +311,12 @@ def decide(
     replay's CPU, `bench/decide_cpu.py`)."""
     if signal is None:
         return hold(state, at, stale_s, faults or ("no in-flight or arrival signal",)), state
+    gone = missing_queue_fields(spec, signal, state)
+    if gone:
+        if signal.in_flight is None and signal.reasons:  # nothing of the queue: the source said why
+            return hold(state, at, stale_s, faults + signal.reasons), state
+        named = tuple(r for r in signal.reasons if not any(g.startswith(r) for g in gone))
+        return hold(state, at, stale_s, faults + gone + named), state
     seen = observe_queue(state.queue_seen, signal, at)
     ahead_of = fleet(spec, signal, state, at, seen)
     required = capacity.need(signal, spec.capacity, ahead_of)

@@ -98,13 +98,61 @@ def test_need_is_in_flight_over_target_rounded_up(
     assert decision.faults == ()
 
 
-def test_running_or_waiting_alone_is_enough() -> None:
-    spec = make_spec()
-    only_waiting = Signal(at=T0, source="t", waiting=17.0)
-    only_running = Signal(at=T0, source="t", running=17.0)
-    for signal in (only_waiting, only_running):
-        decision, _ = decide(spec, signal, PolicyState(), T0, STALE)
-        assert outcome(decision) == (3, True, Reason.CURRENT_NEED)
+@pytest.mark.parametrize("stabilization", ["300", "0"])
+@pytest.mark.parametrize(
+    ("waiting", "reasons", "named"),
+    [
+        (None, ("waiting: no pod reports vllm:num_requests_waiting",), "no pod reports"),
+        (None, (), "waiting: not reported"),  # the line is absent and the source said nothing
+        (float("nan"), (), "waiting: nan is not finite"),
+        (float("inf"), (), "waiting: inf is not finite"),
+    ],
+)
+def test_a_missing_queue_field_holds_the_last_good_target(
+    stabilization: str, waiting: float | None, reasons: tuple[str, ...], named: str
+) -> None:
+    """vLLM reports running and waiting; with waiting gone the need from running alone is too
+    low by the whole queue, so the last good target holds and a fault names the field."""
+    spec = make_spec(
+        backend="vllm",
+        scrapeTargets="10.0.0.1:8000",
+        scaleDownStabilizationSeconds=stabilization,
+    )
+    full = Signal(at=T0, source="t", running=18.0, waiting=14.0)
+    decision, state = decide(spec, full, PolicyState(), T0, STALE)
+    assert outcome(decision) == (4, True, Reason.CURRENT_NEED)
+    for k in range(1, 40):  # 390 s of ticks: past the stabilization window
+        at = T0 + 10 * k
+        partial = Signal(at=at, source="t", running=18.0, waiting=waiting, reasons=reasons)
+        decision, state = decide(spec, partial, state, at, STALE)
+        assert outcome(decision) == (4, True, Reason.HOLD)
+        assert decision is not None
+        assert any(f.startswith("waiting: ") and named in f for f in decision.faults)
+    # Past stale_s there is no decision at all (KEDA's fallback), never a lower one.
+    late = Signal(at=T0 + STALE + 20, source="t", running=18.0, waiting=waiting)
+    assert decide(spec, late, state, T0 + STALE + 20, STALE)[0] is None
+
+
+def test_a_missing_queue_field_at_first_sight_gives_no_decision() -> None:
+    spec = make_spec(backend="vllm", scrapeTargets="10.0.0.1:8000")
+    running_only = Signal(at=T0, source="t", running=17.0)
+    assert decide(spec, running_only, PolicyState(), T0, STALE)[0] is None
+
+
+def test_a_field_the_last_signal_had_is_needed_too() -> None:
+    """Whatever the backend, a queue field that was reported and is gone is missing, not 0."""
+    spec = make_spec()  # synthetic: no catalog of required fields
+    decision, state = decide(spec, sig(T0, 10.0, 30.0), PolicyState(), T0, STALE)
+    assert outcome(decision) == (5, True, Reason.CURRENT_NEED)
+    decision, _ = decide(spec, sig(T0 + 10, 10.0, None), state, T0 + 10, STALE)
+    assert outcome(decision) == (5, True, Reason.HOLD)
+
+
+def test_a_custom_backend_with_only_a_waiting_query_decides_from_it() -> None:
+    """A custom backend reports what the user gave queries for: waiting alone is its signal."""
+    spec = make_spec(backend="custom", serverAddress="http://prom:9090", waitingQuery="sum(q)")
+    decision, _ = decide(spec, Signal(at=T0, source="t", waiting=17.0), PolicyState(), T0, STALE)
+    assert outcome(decision) == (3, True, Reason.CURRENT_NEED)
 
 
 def test_rises_immediately() -> None:

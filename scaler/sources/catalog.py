@@ -122,6 +122,10 @@ class Catalog:
     model_label: str | None  # the label that carries the model name
     default_metrics_port: int | None
     signals: Mapping[str, Expr]
+    # Fields the decision cannot do without, read from every sample (gauges, not rates that need
+    # two samples): one missing while the others are reported is a fault, and the policy holds
+    # the last good target instead of sizing from what is left (a queue read as 0).
+    required: frozenset[str] = frozenset()
 
 
 def _vllm(*names: str) -> tuple[str, ...]:
@@ -144,6 +148,7 @@ CATALOGS: Mapping[str, Catalog] = {
         backend="triton",
         model_label="model",
         default_metrics_port=8002,
+        required=frozenset({"waiting"}),
         signals={
             # The queue: requests enqueued but not yet executing (per model).
             "waiting": _TRITON_WAITING,
@@ -186,6 +191,7 @@ CATALOGS: Mapping[str, Catalog] = {
         backend="vllm",
         model_label="model_name",
         default_metrics_port=8000,
+        required=frozenset({"waiting", "running"}),
         signals={
             "waiting": _VLLM_WAITING,
             "running": _VLLM_RUNNING,
@@ -225,6 +231,19 @@ CATALOGS: Mapping[str, Catalog] = {
     ),
     "custom": Catalog(backend="custom", model_label=None, default_metrics_port=None, signals={}),
 }
+
+
+# The queue fields the capacity model sizes from: with one of them known and another missing,
+# the need is what the known one alone says, too low by the missing one.
+QUEUE_FIELDS = ("waiting", "running")
+
+
+def required_fields(backend: str, queries: Mapping[str, str]) -> frozenset[str]:
+    """The queue fields a workload's source is expected to report on every read: the backend's
+    gauges and every queue field the user gave a query for (a custom backend's own choice)."""
+    catalog = CATALOGS.get(backend)
+    base = catalog.required if catalog is not None else frozenset()
+    return base | frozenset(f for f in QUEUE_FIELDS if queries.get(f))
 
 
 def signal_exprs(backend: str, overrides: Mapping[str, str | None]) -> dict[str, Expr]:
