@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from scaler import logs
+from scaler.version import version
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -391,6 +392,7 @@ def _companion_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="scaler", description=__doc__)
+    top.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = top.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the KEDA external scaler gRPC server")
