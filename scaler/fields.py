@@ -17,6 +17,8 @@ from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
+from scaler.labelregex import LabelRegexError, label_regex
+
 
 class FieldError(ValueError):
     """A rejected value: `path` names the key (e.g. `profiles.llama.maxReplicas`)."""
@@ -192,9 +194,9 @@ def label_matchers(raw: object) -> tuple[tuple[str, str, str], ...]:
             value = re.sub(r"\\(.)", r"\1", value)
         if found["op"] in ("=~", "!~"):
             try:
-                re.compile(value)
-            except (re.error, OverflowError, RecursionError) as exc:
-                raise ValueError(f"bad regular expression {value!r}: {exc}") from None
+                label_regex(value)  # RE2, as the matching (and Prometheus) has it
+            except LabelRegexError as exc:
+                raise ValueError(f"bad regular expression {value[:80]!r}: {exc}") from None
         matchers.append((found["name"], found["op"], value))
         pos = found.end()
     if not matchers or len(matchers) > 20:

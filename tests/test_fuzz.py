@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import io
 import json
 import logging
 import math
@@ -40,6 +41,7 @@ import httpx
 import pytest
 import requests
 import requests.adapters
+import urllib3
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -614,7 +616,8 @@ def test_metric_text_gives_a_signal_or_a_per_target_error(
 ) -> None:
     """The whole direct-scrape read, from the HTTP answer (httpx's MockTransport: the client, its
     decoding and the status handling are real) through prometheus_client's parser to the catalog
-    evaluated across one or two scrapes, on mutated captures of real vLLM and Triton pods."""
+    evaluated across one or two scrapes, on mutated captures of real vLLM and Triton pods. Body
+    sizes, gzip bombs and slow bodies need a socket: tests/test_hostile_bodies.py."""
     clock = SimpleNamespace(now=1_700_000_000.0)
     monkeypatch.setattr(scrape_module, "time", SimpleNamespace(time=lambda: clock.now))
     current: dict[str, Any] = {}
@@ -631,7 +634,8 @@ def test_metric_text_gives_a_signal_or_a_per_target_error(
         headers = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
         if content_encoding:
             headers["Content-Encoding"] = content_encoding
-        return httpx.Response(200, content=body, headers=headers)
+        # Streamed, as from a socket: the source reads (and inflates) it chunk by chunk.
+        return httpx.Response(200, stream=httpx.ByteStream(body), headers=headers)
 
     with asyncio.Runner() as runner:
         source = ScrapeSource()
@@ -897,7 +901,10 @@ class Answers(requests.adapters.BaseAdapter):
     def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
         response = requests.Response()
         response.status_code = self.reply.status
-        response._content = self.reply.body
+        # A real urllib3 response over the bytes: the source streams and caps the body from it.
+        response.raw = urllib3.HTTPResponse(
+            io.BytesIO(self.reply.body), status=self.reply.status, preload_content=False
+        )
         response.headers["Content-Type"] = "application/json"
         response.url = request.url or ""
         response.request = request

@@ -270,16 +270,18 @@ async def scraping_both(start_prometheus: Any, pod0: MetricsEndpoint, pod1: Metr
     return prom
 
 
-def record_queries(source: PrometheusSource, method: str) -> list[str]:
-    """The queries `source` sends through its client's `method`, as they are sent."""
+def record_queries(source: PrometheusSource, kind: str) -> list[str]:
+    """The queries `source` sends as `kind` ("GET /api/v1/query", "GET /api/v1/query_range",
+    "POST /api/v1/query"), as they are sent (every kind is recorded by its own wrapper)."""
     asked: list[str] = []
-    send = getattr(source._client, method)
+    send = source._request
 
-    def recorded(query: str, *args: Any) -> Any:
-        asked.append(query)
-        return send(query, *args)
+    def recorded(method: str, path: str, form: dict[str, str], timeout_s: float) -> Any:
+        if f"{method} {path}" == kind:
+            asked.append(form["query"])
+        return send(method, path, form, timeout_s)
 
-    setattr(source._client, method, recorded)
+    source._request = recorded  # type: ignore[method-assign]
     return asked
 
 
@@ -292,8 +294,8 @@ async def test_a_read_asks_a_real_prometheus_in_a_few_combined_requests(start_pr
         metadata = {"backend": "vllm", "serverAddress": prom.url, "model": "tiny-llama"}
         spec = resolve(parse_trigger("team-a", "llama", metadata), Config())
         combined, plain = PrometheusSource(prom.url), PrometheusSource(prom.url, combine=False)
-        asked = record_queries(combined, "custom_query")
-        range_asked = record_queries(combined, "custom_query_range")
+        asked = record_queries(combined, "GET /api/v1/query")
+        range_asked = record_queries(combined, "GET /api/v1/query_range")
         now = time.time()
         one, other = await combined.read(spec, now), await plain.read(spec, now)
         assert 1 <= len(asked) <= 2  # vLLM: 12 queries (with the sample age) in one or two
@@ -340,15 +342,8 @@ async def test_workloads_reading_together_ask_a_real_prometheus_once(start_prome
             for i in range(6)
         ]
         batched, alone = PrometheusSource(prom.url), PrometheusSource(prom.url, batch=False)
-        posts: list[str] = []
-        post = batched._session.post
-
-        def recorded(url: str, **kwargs: Any) -> Any:
-            posts.append(kwargs["data"]["query"])
-            return post(url, **kwargs)
-
-        batched._session.post = recorded  # type: ignore[method-assign]
-        asked = record_queries(batched, "custom_query")
+        posts = record_queries(batched, "POST /api/v1/query")
+        asked = record_queries(batched, "GET /api/v1/query")
         now = time.time()
         together = await asyncio.gather(*(batched.read(spec, now) for spec in specs))
         apart = [await alone.read(spec, now) for spec in specs]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from scaler.labelregex import label_regex
 from scaler.sources.catalog import FAMILY_SUFFIXES, Matcher, family_of
 
 LabelSet = frozenset[tuple[str, str]]
@@ -154,9 +155,9 @@ def parse(text: str, wanted: frozenset[str] | None = None) -> Scrape:
 
 
 def matches(labels: LabelSet, matchers: Iterable[Matcher], only_present: bool = False) -> bool:
-    """PromQL matcher semantics (regexes anchored). With `only_present`, matchers on labels the
-    series does not carry are skipped: Prometheus adds target labels (namespace, pod, service)
-    that a pod's own /metrics never has."""
+    """PromQL matcher semantics (regexes anchored and RE2's, `scaler.labelregex`). With
+    `only_present`, matchers on labels the series does not carry are skipped: Prometheus adds
+    target labels (namespace, pod, service) that a pod's own /metrics never has."""
     values = dict(labels)
     for label, op, want in matchers:
         if only_present and label not in values:
@@ -167,9 +168,9 @@ def matches(labels: LabelSet, matchers: Iterable[Matcher], only_present: bool = 
         elif op == "!=":
             ok = have != want
         elif op == "=~":
-            ok = re.fullmatch(want, have) is not None
+            ok = label_regex(want).fullmatch(have) is not None
         else:
-            ok = re.fullmatch(want, have) is None
+            ok = label_regex(want).fullmatch(have) is None
         if not ok:
             return False
     return True

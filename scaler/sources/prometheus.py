@@ -1,4 +1,6 @@
-"""The Prometheus source: catalog expressions rendered as PromQL, read with prometheus-api-client.
+"""The Prometheus source: catalog expressions rendered as PromQL, asked over prometheus-api-client's
+session (its retrying adapter; the answers are read here, `PrometheusSource._request`, as its own
+query methods read a whole answer into memory before looking at it).
 
 Queries are scoped to one deployment: the model label, the ScaledObject's namespace (via
 `namespaceLabel`) and the trigger's `labelSelector`. Each query has a bounded timeout and bounded
@@ -13,6 +15,7 @@ and the reads of workloads that tick together travel in one request between them
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -20,13 +23,14 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field as default
-from datetime import UTC, datetime
 from typing import cast
 from urllib.parse import quote_plus
 
+import urllib3
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests import JSONDecodeError, RequestException, Session, Timeout
+from requests import JSONDecodeError, RequestException, Response, Session, Timeout
+from requests.exceptions import ChunkedEncodingError
 from urllib3.util.retry import Retry
 
 from scaler.signals import Signal
@@ -73,6 +77,17 @@ BATCH_WINDOW_S = 0.02
 BATCH_MAX_READS = 16
 BATCH_MAX_QUERY_CHARS = 16_000  # PromQL characters (~5 vLLM reads); the read crossing it is in
 POST_REFUSED = (403, 405)  # a POSTed batch answered so: the source stops batching
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+"""The largest answer to one query, decoded (gzip included): past it the answer is not read further
+and the query fails naming this cap. The answers this source asks for are small: a read's are
+aggregated series (~200 bytes each), a batch's a few hundred of those, a warm start's combined
+range query a dozen series of at most HISTORY_MAX_POINTS (2,400) points of ~30 bytes: all under
+1 MiB. A custom query that is not aggregated can match a whole fleet instead, tens of MB whose
+JSON takes seconds and hundreds of MB to decode. 4 MiB leaves the real answers room four times
+over; a read's requests in flight (its combined groups, or one per query after an unusable
+answer) each hold at most this much. A constant, not a setting: no answer of a query this
+scaler asks comes near it."""
+READ_CHUNK_BYTES = 64 * 1024  # one socket read, and at most this much decoded from it at a time
 Found = dict[str, object]  # each query's result, as its own request would have had it, or why not
 
 
@@ -162,6 +177,36 @@ def _cause(exc: RequestException, timeout_s: float) -> str:
     if "refused" in text.lower():
         return "connection refused"
     return f"{type(reason).__name__}: {text.split(' (Caused by')[0]}"[:200]
+
+
+class AnswerTooLargeError(ValueError):
+    """An answer over MAX_ANSWER_BYTES (decoded): Prometheus answered, but not usably."""
+
+
+def read_capped(response: Response, timeout_s: float, started: float) -> bytearray:
+    """The body of a streamed `response` (stream=True), decoded as urllib3 decodes it (at most
+    READ_CHUNK_BYTES from one socket read at a time, so a small gzip body that inflates to GBs
+    costs one chunk). Raises AnswerTooLargeError past MAX_ANSWER_BYTES, and requests' Timeout
+    past `timeout_s` since `started` (monotonic) in all: requests' own timeout bounds each socket
+    read, and a body sent a byte at a time would hold a pool thread for as long as it lasts."""
+    body = bytearray()
+    while True:
+        try:
+            chunk = response.raw.read1(READ_CHUNK_BYTES, decode_content=True)
+        except urllib3.exceptions.ReadTimeoutError:
+            raise Timeout(f"timed out after {timeout_s:g}s reading the answer") from None
+        except urllib3.exceptions.DecodeError as exc:  # it answered, in a broken encoding
+            raise ValueError(f"undecodable answer: {exc}"[:200]) from None
+        except urllib3.exceptions.HTTPError as exc:  # cut short, reset: as requests names it
+            raise ChunkedEncodingError(f"{type(exc).__name__}: {exc}"[:200]) from None
+        if not chunk:
+            break
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            raise AnswerTooLargeError(f"answer over {MAX_ANSWER_BYTES} bytes (the cap), not read")
+        if time.monotonic() - started > timeout_s:
+            raise Timeout(f"timed out after {timeout_s:g}s reading the answer")
+    return body  # json.loads takes it as it is: no copy
 
 
 def _plan(spec: WorkloadSpec) -> tuple[tuple[Matcher, ...], dict[str, Expr]]:
@@ -286,12 +331,27 @@ class PrometheusSource:
         self._open: dict[float, _Batch] = {}  # the batch gathering, per query timeout
         self._sending: set[asyncio.Task[None]] = set()
 
+    def forget(self, workload: str) -> None:
+        """Drop what is kept for a workload no longer read here (its last signal, its batching
+        state): a source outlives its workloads, each of which leaves these behind."""
+        for kept in (self._cache, self._split_until, self._alone_until):
+            kept.pop(workload, None)
+
+    def close(self) -> None:
+        """Release the threads and connections: no workload reads this URL any more."""
+        for task in list(self._sending):
+            task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._session.close()
+
     async def _ask(self, send: Callable[[], object], timeout_s: float) -> object:
         """`send()` (one request through the client) in the pool: its result, ConnectionError when
         Prometheus did not answer (down, refused, timed out), ValueError when it answered with an
         error or garbage."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, send)
+        except AnswerTooLargeError as exc:
+            raise ValueError(f"prometheus at {self.url}: {exc}") from None
         except (JSONDecodeError, KeyError, TypeError, IndexError, RecursionError) as exc:
             # requests' JSONDecodeError is a RequestException too, but Prometheus did answer
             raise ValueError(f"prometheus at {self.url} answered garbage: {exc!r}"[:300]) from None
@@ -304,33 +364,44 @@ class PrometheusSource:
 
     async def _instant(self, query: str, timeout_s: float) -> object:
         """One instant query's result (`_ask`)."""
-        return await self._ask(lambda: self._client.custom_query(query, None, timeout_s), timeout_s)
+        return await self._ask(
+            lambda: self._request("GET", "/api/v1/query", {"query": query}, timeout_s), timeout_s
+        )
 
-    def _posted(self, query: str, timeout_s: float) -> object:
-        """An instant query's result, asked with the query in a POSTed form body (blocking): a
-        batch's combined query is too long for a request line, and prometheus-api-client 0.7
-        puts the query in the URL even when told to POST. Errors as `custom_query` raises them."""
-        response = self._session.post(
-            f"{self.url}/api/v1/query",
-            data={"query": query},
+    def _request(self, method: str, path: str, form: dict[str, str], timeout_s: float) -> object:
+        """One query's `data.result` (blocking: in the pool), its fields in the URL (GET) or a
+        form body (POST). The answer is streamed and capped (`read_capped`); a status other than
+        200 raises PrometheusApiClientException, as prometheus-api-client's query methods do."""
+        started = time.monotonic()
+        with self._session.request(
+            method,
+            f"{self.url}{path}",
+            params=form if method == "GET" else None,
+            data=form if method == "POST" else None,
             headers=self._client.headers,
             auth=self._client.auth,
             timeout=timeout_s,
-        )
-        if response.status_code in POST_REFUSED and self.batch:
+            stream=True,
+        ) as response:
+            status = response.status_code
+            body = read_capped(response, timeout_s, started)
+        if status in POST_REFUSED and method == "POST" and self.batch:
             # A proxy in front of Prometheus that takes only GET: every batch would cost a failed
             # request before its reads ask alone, so batching stops for this source.
             self.batch = False
             log.warning(
                 "prometheus at %s refused a POSTed query (HTTP %d); reads ask one at a time",
                 self.url,
-                response.status_code,
+                status,
             )
-        if response.status_code != 200:
-            raise PrometheusApiClientException(
-                f"HTTP Status Code {response.status_code} ({response.content[:200]!r})"
-            )
-        return response.json()["data"]["result"]
+        if status != 200:
+            raise PrometheusApiClientException(f"HTTP Status Code {status} ({body[:200]!r})")
+        return json.loads(body)["data"]["result"]
+
+    def _posted(self, query: str, timeout_s: float) -> object:
+        """An instant query's result, asked with the query in a POSTed form body (blocking): a
+        batch's combined query is too long for a request line."""
+        return self._request("POST", "/api/v1/query", {"query": query}, timeout_s)
 
     async def _read_results(self, key: str, queries: dict[str, str], timeout_s: float) -> Found:
         """A read's results: in a batch with other workloads' reads where it can (`_join`), else
@@ -492,7 +563,7 @@ class PrometheusSource:
                 values[field] = None
                 if not isinstance(answer, LookupError):
                     errors += 1
-                reasons.append(f"{field}: {answer or type(answer).__name__} [{query[:160]}]")
+                reasons.append(f"{field}: {str(answer) or type(answer).__name__} [{query[:160]}]")
             else:
                 values[field] = answer
         if errors == len(queries):
@@ -521,16 +592,14 @@ class PrometheusSource:
         timeout = spec.query_timeout_s * 4
 
         def ranged(query: str) -> Awaitable[object]:
+            form = {
+                "query": query,
+                "start": str(round(start)),
+                "end": str(round(last)),
+                "step": f"{max(1, round(step * 1000))}ms",  # Prometheus durations are integers
+            }
             return self._ask(
-                lambda: self._client.custom_query_range(
-                    query,
-                    datetime.fromtimestamp(start, UTC),
-                    datetime.fromtimestamp(last, UTC),
-                    f"{max(1, round(step * 1000))}ms",  # Prometheus durations are integers
-                    None,
-                    timeout,
-                ),
-                timeout,
+                lambda: self._request("GET", "/api/v1/query_range", form, timeout), timeout
             )
 
         results = await self._results(
@@ -539,6 +608,8 @@ class PrometheusSource:
         grid: dict[float, dict[str, float]] = {}
         try:
             for field, result in results.items():
+                if isinstance(result, Exception):  # down, refused, timed out: a cold start
+                    raise SourceError(f"history: {str(result) or type(result).__name__}"[:300])
                 if isinstance(result, BaseException):
                     raise result
                 for series in result[:1]:  # type: ignore[index]

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
+from collections.abc import AsyncIterator
 
 import httpx
+from urllib3.response import GzipDecoder
 
 from scaler.httpclient import async_client
 from scaler.signals import Signal
@@ -25,9 +28,19 @@ from scaler.sources.prometheus import matchers_for
 from scaler.sources.window import Window
 from scaler.workload import WorkloadSpec
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_BODY_BYTES = 8 * 1024 * 1024  # decoded; a pod's /metrics is KBs to a few MB
+ACCEPT = {"Accept-Encoding": "gzip"}  # as Prometheus asks (httpx would offer deflate, br, zstd)
 FORGET_AFTER_S = 900.0
 FAMILIES: dict[str, frozenset[str]] = {}  # backend -> the metric families its catalog reads
+
+
+async def _inflated(
+    raw: AsyncIterator[bytes], decoder: GzipDecoder, body: bytearray
+) -> AsyncIterator[bytes]:
+    """`raw` inflated, each piece at most one byte past what room MAX_BODY_BYTES leaves `body`
+    (the caller's, growing as it takes the pieces): enough to tell that it is over."""
+    async for chunk in raw:
+        yield decoder.decompress(chunk, max_length=MAX_BODY_BYTES + 1 - len(body))
 
 
 class ScrapeSource:
@@ -55,19 +68,49 @@ class ScrapeSource:
     async def _scrape(
         self, target: str, path: str, timeout_s: float, wanted: frozenset[str]
     ) -> Scrape | str:
+        """One pod's scrape, or why not (every reason names the pod, and a timeout the URL)."""
         url = f"http://{target}{path}"
         try:
-            async with asyncio.timeout(timeout_s):
-                response = await self._client.get(url, timeout=timeout_s)
+            async with asyncio.timeout(timeout_s):  # the whole answer, not each socket read
+                body = await self._body(url, timeout_s)
         except (TimeoutError, httpx.TimeoutException):
-            return f"{target}: timed out after {timeout_s:g}s"
+            return f"{target}: timed out after {timeout_s:g} s reading {url}"
         except httpx.HTTPError as exc:
-            return f"{target}: {type(exc).__name__}: {exc}"[:200]
-        if response.status_code != 200:
-            return f"{target}: HTTP {response.status_code}"
-        if len(response.content) > MAX_BODY_BYTES:
-            return f"{target}: metrics body over {MAX_BODY_BYTES} bytes"
-        return parse(response.text, wanted)
+            return f"{target}: {type(exc).__name__}: {str(exc) or 'no detail'} ({url})"[:300]
+        if isinstance(body, str):
+            return f"{target}: {body}"
+        return parse(body[0].decode(body[1], errors="replace"), wanted)
+
+    async def _body(self, url: str, timeout_s: float) -> tuple[bytes, str] | str:
+        """The answer's body, decoded, with its text encoding; or why it is not read.
+
+        Read as it arrives and given up past MAX_BODY_BYTES decoded, where reading it whole
+        first held every byte a pod sent (or a small gzip body inflated to GBs). gzip is
+        inflated by urllib3's decoder, which takes a bound on what it gives back: one network
+        read (64 KiB at most) inflates to at most what room the cap leaves, where httpx's own
+        decoder would inflate it whole (~64 MiB: deflate reaches ~1,000:1). Only gzip is asked
+        for and taken: a stacked encoding (`gzip, gzip`) is refused unread."""
+        async with self._client.stream("GET", url, headers=ACCEPT, timeout=timeout_s) as response:
+            if response.status_code != 200:
+                return f"HTTP {response.status_code}"
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("identity", "gzip"):
+                return f"Content-Encoding {encoding[:40]!r} refused (gzip or none is read)"
+            body = bytearray()
+            if encoding == "identity":
+                chunks = response.aiter_bytes()  # each a network read, 64 KiB at most
+            else:
+                chunks = _inflated(response.aiter_raw(), GzipDecoder(), body)
+            try:
+                async for chunk in chunks:
+                    body += chunk
+                    if len(body) > MAX_BODY_BYTES:
+                        return (
+                            f"metrics body over {MAX_BODY_BYTES} bytes (the cap), not read further"
+                        )
+            except zlib.error as exc:
+                return f"undecodable gzip body: {exc}"[:200]
+            return bytes(body), response.encoding or "utf-8"
 
     def _window(self, key: str, window_s: float, now: float) -> Window:
         for old in [k for k, (used, _) in self._windows.items() if now - used > FORGET_AFTER_S]:
@@ -117,6 +160,10 @@ class ScrapeSource:
         self, spec: WorkloadSpec, start: float, end: float, step: float
     ) -> list[Signal]:
         return []  # the sources registry pairs direct scrape with Prometheus history when it can
+
+    def forget(self, workload: str) -> None:
+        """Drop a gone workload's window (its pods' recent scrapes)."""
+        self._windows.pop(workload, None)
 
     async def close(self) -> None:
         await self._client.aclose()
