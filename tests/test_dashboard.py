@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from tests.conftest import run_bench
 from tests.metric_scrapes import companion_families, names, scaler_families
+from tests.tools import require
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "monitoring" / "dashboard.json"
 
@@ -158,7 +158,6 @@ def _grafana_to_promql(expr: str) -> str:
     return text.replace("$namespace", ".*").replace("$workload", "llama")
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_promtool_parses_every_expression(tmp_path: Path) -> None:
     """Prometheus's own parser, offline: each expression as a recording rule."""
     rules = {
@@ -175,7 +174,7 @@ def test_promtool_parses_every_expression(tmp_path: Path) -> None:
     path = tmp_path / "rules.json"  # JSON is YAML
     path.write_text(json.dumps(rules), encoding="utf-8")
     checked = subprocess.run(
-        ["promtool", "check", "rules", str(path)],
+        [require("promtool"), "check", "rules", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
@@ -28,6 +27,8 @@ if str(TESTS_DIR) not in sys.path:  # k8s_schema.py sits next to this file, unde
     sys.path.insert(0, str(TESTS_DIR))
 
 import k8s_schema  # noqa: E402
+
+from tests.tools import require  # noqa: E402
 
 DEPLOY = k8s_schema.REPO_ROOT / "deploy"
 BASE = DEPLOY / "base"
@@ -853,17 +854,15 @@ def test_cert_manager_kustomization_adds_the_pki_to_the_base() -> None:
     assert set(kustomization["resources"]) == {"../base"} | present
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
 def test_cert_manager_kustomize_build_keeps_every_namespace() -> None:
     built = subprocess.run(
-        ["kubectl", "kustomize", str(CERT_MANAGER)],
+        [require("kubectl"), "kustomize", str(CERT_MANAGER)],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    if built.returncode != 0:
-        pytest.skip(f"kubectl kustomize failed: {built.stderr.strip()[:200]}")
+    assert built.returncode == 0, f"kubectl kustomize failed: {built.stderr.strip()[:2000]}"
     placed = {
         (obj["kind"], obj["metadata"]["name"]): obj["metadata"].get("namespace")
         for obj in yaml.safe_load_all(built.stdout)
@@ -1007,19 +1006,17 @@ def test_companion_rbac_grants_exactly_what_it_uses() -> None:
         assert verb not in ("delete", "deletecollection", "escalate", "bind", "impersonate")
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
 def test_companion_kustomize_build_keeps_the_events_role_in_the_event_namespace() -> None:
     """`kubectl kustomize deploy/companion`: the kustomization's `namespace:` moves everything to
     the companion's namespace, and its transformer moves the Events Role and binding back."""
     built = subprocess.run(
-        ["kubectl", "kustomize", str(COMPANION)],
+        [require("kubectl"), "kustomize", str(COMPANION)],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    if built.returncode != 0:
-        pytest.skip(f"kubectl kustomize failed: {built.stderr.strip()[:200]}")
+    assert built.returncode == 0, f"kubectl kustomize failed: {built.stderr.strip()[:2000]}"
     args = _companion_args()
     placed = {
         (obj["kind"], obj["metadata"]["name"]): obj["metadata"].get("namespace")
@@ -1275,17 +1272,15 @@ def test_pod_monitor_scrapes_the_companion_pods_metrics_port() -> None:
     assert endpoint["path"] == "/metrics"
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
 def test_monitoring_kustomize_build_holds_the_dashboard_configmap() -> None:
     built = subprocess.run(
-        ["kubectl", "kustomize", str(MONITORING)],
+        [require("kubectl"), "kustomize", str(MONITORING)],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    if built.returncode != 0:
-        pytest.skip(f"kubectl kustomize failed: {built.stderr.strip()[:200]}")
+    assert built.returncode == 0, f"kubectl kustomize failed: {built.stderr.strip()[:2000]}"
     objects = {obj["kind"]: obj for obj in yaml.safe_load_all(built.stdout)}
     assert set(objects) == {"ConfigMap", "ServiceMonitor", "PodMonitor"}
     config_map = objects["ConfigMap"]

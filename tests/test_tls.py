@@ -10,7 +10,6 @@ import base64
 import hashlib
 import logging
 import os
-import shutil
 import ssl
 import subprocess
 import sys
@@ -31,14 +30,15 @@ from scaler.server import ScalerServer
 from scaler.tls import CertificateReloader, TlsError, TlsFiles
 from tests.conftest import FAST, ref, synthetic
 from tests.serve_process import ServeProcess
-
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
+from tests.tools import require
 
 # --- a throwaway PKI --------------------------------------------------------------------------
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [require("openssl"), *args], cwd=cwd, check=True, capture_output=True, timeout=60
+    )
 
 
 @dataclass(frozen=True)
