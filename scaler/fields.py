@@ -36,6 +36,7 @@ class Scope(Enum):
     TRIGGER = "trigger"  # identity of a workload: only in trigger metadata
     TUNING = "tuning"  # trigger metadata, a ConfigMap profile, or ConfigMap defaults
     SERVER = "server"  # ConfigMap `server:` section only: process-wide
+    KEDA = "keda"  # read by KEDA itself from trigger metadata; passed through to us and ignored
 
 
 Parser = Callable[[object], Any]
@@ -235,16 +236,46 @@ NAME_RE = r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?"
 BACKENDS = ("vllm", "triton", "custom", "synthetic")
 SYNTHETIC_PATTERNS = ("wave", "sine", "constant", "zero")
 
-FIELDS: tuple[Field, ...] = (
-    # Identity and source of a workload: trigger metadata only.
+# Every key KEDA itself reads from an `external` or `external-push` trigger's metadata. KEDA
+# forwards the whole map to the scaler (`ScaledObjectRef.scalerMetadata`), these keys included, so
+# the trigger parser accepts and ignores them. Source: kedacore/keda pkg/scalers/external_scaler.go,
+# `externalScalerMetadata`, the fields tagged `order=triggerMetadata` (KEDA 2.17 to 2.20). Its other
+# TLS fields, caCert, tlsClientCert and tlsClientKey, are `order=authParams`: read from the
+# TriggerAuthentication only (since KEDA 2.11), never from metadata; tlsCertFile went in KEDA 2.17.
+# KEDA validates these values itself (it rejects a trigger whose enableTLS is not a boolean), so
+# any string is accepted here.
+KEDA_FIELDS: tuple[Field, ...] = (
     Field(
         "scalerAddress",
-        Scope.TRIGGER,
+        Scope.KEDA,
         _text,
         None,
         "host:port of this scaler",
-        "Read by KEDA to reach the scaler; passed through to us and ignored.",
+        "Where KEDA dials this scaler.",
     ),
+    Field(
+        "enableTLS",
+        Scope.KEDA,
+        _text,
+        None,
+        "true | false (KEDA parses it)",
+        "KEDA dials the scaler over TLS, verified against its system CAs, even with no caCert "
+        "or client certificate in the TriggerAuthentication (KEDA >= 2.17).",
+    ),
+    Field(
+        "unsafeSsl",
+        Scope.KEDA,
+        _text,
+        None,
+        "true | false (KEDA parses it)",
+        "KEDA skips verifying the scaler's certificate; never set it (see Deploy, Security).",
+    ),
+)
+KEDA_KEYS = tuple(f.key for f in KEDA_FIELDS)
+
+FIELDS: tuple[Field, ...] = (
+    *KEDA_FIELDS,
+    # Identity and source of a workload: trigger metadata only.
     Field(
         "backend",
         Scope.TRIGGER,
@@ -654,7 +685,7 @@ FIELDS: tuple[Field, ...] = (
 )
 
 BY_KEY: Mapping[str, Field] = {field.key: field for field in FIELDS}
-TRIGGER_KEYS = tuple(f.key for f in FIELDS if f.scope in (Scope.TRIGGER, Scope.TUNING))
+TRIGGER_KEYS = tuple(f.key for f in FIELDS if f.scope in (Scope.KEDA, Scope.TRIGGER, Scope.TUNING))
 TUNING_KEYS = tuple(f.key for f in FIELDS if f.scope is Scope.TUNING)
 SERVER_KEYS = tuple(f.key for f in FIELDS if f.scope is Scope.SERVER)
 

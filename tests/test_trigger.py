@@ -213,7 +213,7 @@ REJECTIONS = [
     pytest.param(
         synthetic(colour="blue"),
         "colour",
-        ["unknown key; accepted keys: scalerAddress, backend, serverAddress"],
+        ["unknown key; accepted keys: scalerAddress, enableTLS, unsafeSsl, backend,"],
         id="unknown-key",
     ),
     pytest.param(
