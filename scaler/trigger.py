@@ -108,36 +108,110 @@ def _build(namespace: str, name: str, metadata: Mapping[str, str]) -> TriggerSpe
     )
 
 
+# What a cached rejection keeps and echoes: KEDA re-sends the same bad metadata on every poll, and
+# a client can send a megabyte-long key or value; a problem is a short (key, message) pair.
+PROBLEMS_KEPT = 20  # per trigger; the rest are counted in one last problem
+PATH_SHOWN = 80
+MESSAGE_SHOWN = 1200
+ENTRY_OVERHEAD = 600  # bytes: an entry's dict slot, key tuple, problem tuple
+SPEC_OVERHEAD = 2000  # a spec object and its values' dict, beyond the strings
+ITEM_BYTES = 150  # one scrape target or label matcher: a tuple of a string and a number or two
+CACHE_BYTES = 32 * 1024 * 1024
+UNCACHED_BYTES = 1024 * 1024  # metadata larger than this is parsed on every call, never kept
+
+Problem = tuple[str, str]  # (key, message), as cut for echoing
+CacheKey = tuple[str, str, bytes]
+
+
+def cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def problems_of(error: TriggerError) -> tuple[Problem, ...]:
+    """The error's problems as short values: no traceback, no input kept whole."""
+    kept = tuple(
+        (cut(p.path, PATH_SHOWN), cut(p.message, MESSAGE_SHOWN))
+        for p in error.problems[:PROBLEMS_KEPT]
+    )
+    more = len(error.problems) - PROBLEMS_KEPT
+    if more > 0:
+        kept += (("metadata", f"and {more} more problems not shown"),)
+    return kept
+
+
+def metadata_digest(metadata: Mapping[str, str]) -> bytes:
+    """A digest of the whole map, so a cache key never holds the client's strings."""
+    digest = hashlib.blake2b(digest_size=16)
+    for key, value in sorted(metadata.items()):
+        for text in (key, value):
+            data = text.encode("utf-8", "surrogatepass")
+            digest.update(len(data).to_bytes(8, "little"))
+            digest.update(data)
+    return digest.digest()
+
+
 class TriggerCache:
     """Bounded LRU of parsed triggers, successes and failures alike (bad metadata is re-sent
-    by KEDA on every poll and must not be re-parsed each time)."""
+    by KEDA on every poll and must not be re-parsed each time).
 
-    def __init__(self, capacity: int = 10_000) -> None:
+    A failure is kept as its problems (short key, message pairs), never as the exception: an
+    exception raised again keeps every frame of every earlier raise in its traceback. Each call
+    gets a fresh `TriggerError`. The cache is bounded by entries and by bytes (an estimate of
+    what an entry keeps: the parsed values, or the cut problems)."""
+
+    def __init__(self, capacity: int = 10_000, max_bytes: int = CACHE_BYTES) -> None:
         self._capacity = capacity
-        self._items: OrderedDict[
-            tuple[str, str, frozenset[tuple[str, str]]], TriggerSpec | TriggerError
-        ]
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._items: OrderedDict[CacheKey, tuple[TriggerSpec | tuple[Problem, ...], int]]
         self._items = OrderedDict()
 
     def parse(self, namespace: str, name: str, metadata: Mapping[str, str]) -> TriggerSpec:
-        key = (namespace, name, frozenset(metadata.items()))
-        found = self._items.get(key)
-        if found is None:
-            try:
-                found = _build(namespace, name, metadata)
-            except TriggerError as exc:
-                found = exc
-            self._items[key] = found
-            if len(self._items) > self._capacity:
-                self._items.popitem(last=False)
+        size = sum(len(k) + len(v) for k, v in metadata.items())
+        if size > UNCACHED_BYTES:
+            found = self._build(namespace, name, metadata)
         else:
-            self._items.move_to_end(key)
-        if isinstance(found, TriggerError):
-            raise found
-        return found
+            key = (namespace, name, metadata_digest(metadata))
+            entry = self._items.get(key)
+            if entry is None:
+                found = self._build(namespace, name, metadata)
+                self._keep(key, found, size)
+            else:
+                self._items.move_to_end(key)
+                found = entry[0]
+        if isinstance(found, TriggerSpec):
+            return found
+        raise TriggerError([FieldError(path, message) for path, message in found])
+
+    @staticmethod
+    def _build(
+        namespace: str, name: str, metadata: Mapping[str, str]
+    ) -> TriggerSpec | tuple[Problem, ...]:
+        try:
+            return _build(namespace, name, metadata)
+        except TriggerError as exc:
+            return problems_of(exc)
+
+    def _keep(self, key: CacheKey, found: TriggerSpec | tuple[Problem, ...], size: int) -> None:
+        if isinstance(found, TriggerSpec):  # the parsed values: strings, and a tuple per item
+            items = len(found.scrape_targets) + len(found.label_selector)
+            size = SPEC_OVERHEAD + 2 * size + ITEM_BYTES * items
+        else:  # what is kept is the cut problems, not the input
+            size = sum(len(path) + len(message) for path, message in found)
+        cost = ENTRY_OVERHEAD + len(key[0]) + len(key[1]) + size
+        self._items[key] = (found, cost)
+        self._bytes += cost
+        while self._items and (len(self._items) > self._capacity or self._bytes > self._max_bytes):
+            _, (_, dropped) = self._items.popitem(last=False)
+            self._bytes -= dropped
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def bytes(self) -> int:
+        """The estimated bytes the entries keep (bounded by `max_bytes`)."""
+        return self._bytes
 
 
 def parse_trigger(namespace: str, name: str, metadata: Mapping[str, str]) -> TriggerSpec:

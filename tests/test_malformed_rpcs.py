@@ -13,12 +13,16 @@ scaler/fields.py a rejection's detail (a bad host, a bad regex) no longer quotes
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -250,6 +254,55 @@ async def test_100_concurrent_malformed_rpcs(start_server):
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         await asyncio.wait_for(channel.close(), 30)
+
+
+def os_status() -> tuple[float, int]:
+    """This process's RSS (MB) and OS threads, from /proc (the server runs in this process).
+    The heap's free memory is given back to the OS first (glibc's malloc_trim), so RSS counts
+    what is still held, not what the allocator keeps for reuse."""
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["Threads"])
+
+
+async def test_malformed_rpcs_again_and_again_keep_rss_and_threads_flat(start_server):
+    """The 100 malformed calls five times over, and each round 40 rejected triggers with values
+    and keys of 200 KB never sent before: RSS and threads stay where the first round left them.
+    The trigger cache kept every rejected map whole (its key) with its exception (2,000 distinct
+    100 KB values kept 803 MB), and one exception raised at every poll grew by its frames."""
+    server, client = await start_server()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    stub = client.stub
+
+    async def distinct_huge(round_: int) -> None:
+        async def one(index: int) -> None:
+            big = f"{round_}-{index}-" + "9" * 200_000
+            so = ref(f"huge-{index}", synthetic(targetConcurrency=big, **{"k" + big: "1"}))
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await stub.GetMetricSpec(so, timeout=DEADLINE_S)
+            assert raised.value.code() == INVALID
+
+        for start in range(0, 40, 10):
+            await asyncio.gather(*(one(i) for i in range(start, start + 10)))
+
+    async def round_(number: int) -> None:
+        batch = cases(client, channel)
+        await asyncio.wait_for(asyncio.gather(*(outcome(c) for c in batch)), 90)
+        await asyncio.wait_for(distinct_huge(number), 90)
+
+    try:
+        await round_(0)  # the first round builds what every later one reuses
+        rss_before, threads_before = os_status()
+        for number in range(1, 6):
+            await round_(number)
+        rss_after, threads_after = os_status()
+    finally:
+        await asyncio.wait_for(channel.close(), 30)
+    # Before: ~0.6 MB kept per distinct rejected map, 120 MB over these rounds.
+    assert rss_after - rss_before < 40, (rss_before, rss_after)
+    assert threads_after <= threads_before + 2, (threads_before, threads_after)
+    assert len(server.engine) <= 10  # malformed calls start no loops
 
 
 def test_bounded_status_messages_count_percent_encoding() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import math
 import time
 import urllib.error
@@ -161,17 +162,27 @@ async def test_unknown_profile_fails_metrics_but_not_the_spec(start_server):
     assert "profile" in details and "'nope'" in details
 
 
-async def test_spec_answers_while_the_backend_is_unreachable(start_server):
-    """GetMetricSpec must not depend on the metrics backend, or KEDA's fallback never engages."""
-    _, client = await start_server()
+async def test_spec_answers_while_the_backend_is_unreachable(start_server, caplog):
+    """GetMetricSpec must not depend on the metrics backend, or KEDA's fallback never engages.
+    Prometheus down from the first sight: the warm start's failed history read is a cold start,
+    the calls say why there is no target (UNAVAILABLE, naming the refused backend: KEDA's
+    fallback applies), and the workload's loop keeps running, to answer once Prometheus does."""
+    caplog.set_level(logging.WARNING, logger="scaler.engine")
+    server, client = await start_server()
     so = ref("llama", {"backend": "vllm", "serverAddress": "http://127.0.0.1:9", "model": "m"})
     spec = await client.stub.GetMetricSpec(so)
     assert spec.metricSpecs[0].metricName == "vllm-m"
-    await expect_error(
+    for call in (
         client.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=so, metricName="vllm-m")),
-        grpc.StatusCode.UNAVAILABLE,
-    )
-    await expect_error(client.stub.IsActive(so), grpc.StatusCode.UNAVAILABLE)
+        client.stub.IsActive(so),
+    ):
+        details = await expect_error(call, grpc.StatusCode.UNAVAILABLE)
+        assert "team-a/llama" in details and "http://127.0.0.1:9" in details, details
+        assert "refused" in details and "internal error" not in details, details
+    [workload] = server.engine._workloads.values()
+    assert workload.task is not None and not workload.task.done()  # still polling the backend
+    crashed = [r.getMessage() for r in caplog.records if "crashed" in r.getMessage()]
+    assert crashed == []
 
 
 async def test_200_scaled_objects_polled_concurrently(start_server):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import traceback
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 from scaler.fields import BACKENDS, FIELDS, SERVER_KEYS, TRIGGER_KEYS, Field, Range
 from scaler.trigger import (
     METRIC_NAME_MAX,
+    PROBLEMS_KEPT,
     SYNTHETIC_KEYS,
     TriggerCache,
     TriggerError,
@@ -582,16 +585,58 @@ def test_cache_returns_the_identical_spec() -> None:
     assert len(cache) == 2
 
 
-def test_cache_keeps_failures_and_raises_the_same_error() -> None:
+def test_cache_keeps_failures_as_problems_and_raises_a_new_error_each_time() -> None:
+    """A cached rejection is its problems, not the exception: raising one exception again at
+    every poll grew its traceback by every raise's frames (RSS +3.7 KB a call)."""
     cache = TriggerCache()
     bad = {"backend": "nope"}
-    with pytest.raises(TriggerError) as first:
+    depths = []
+    for _ in range(200):
+        with pytest.raises(TriggerError) as raised:
+            cache.parse("ns", "a", bad)
+        depths.append(len(traceback.extract_tb(raised.value.__traceback__)))
+        assert [p.path for p in raised.value.problems] == ["backend"]
+    with pytest.raises(TriggerError) as again:
         cache.parse("ns", "a", bad)
-    with pytest.raises(TriggerError) as second:
-        cache.parse("ns", "a", bad)
-    assert second.value is first.value
-    assert [p.path for p in first.value.problems] == ["backend"]
+    assert again.value is not raised.value
+    assert len(set(depths)) == 1  # the same frames each time, not one more set per raise
     assert len(cache) == 1
+
+
+def test_cache_is_bounded_by_bytes_and_keeps_no_input_whole() -> None:
+    """2,000 rejected triggers with distinct 100 KB values kept 803 MB: the cache kept each
+    map whole (its key) and each error quoting it. Now an entry keeps a digest and short
+    problems, and the cache is bounded by an estimate of bytes as well as entries."""
+    cache = TriggerCache(max_bytes=2_000_000)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for index in range(300):
+            huge = f"{index}" + "x" * 100_000
+            with pytest.raises(TriggerError) as raised:
+                cache.parse("ns", "a", {**synthetic(), "targetConcurrency": huge, huge: "1"})
+            assert all(len(p.path) <= 80 and len(p.message) <= 1200 for p in raised.value.problems)
+            del raised, huge
+        targets = ",".join(f"10.0.{i // 250}.{i % 250}:8000" for i in range(1000))
+        for index in range(300):  # accepted ones, each parsed into 1,000 (host, port) pairs
+            cache.parse("ns", f"ok-{index}", {"backend": "vllm", "scrapeTargets": targets})
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert cache.bytes <= 2_000_000
+    assert grown < 4_000_000, grown  # the inputs were 35 MB, the parsed specs 45 MB
+
+
+def test_cache_keeps_at_most_a_few_problems_each_cut_short() -> None:
+    cache = TriggerCache()
+    metadata = {**synthetic(), **{f"k{i}-" + "z" * 500: "v" for i in range(300)}}
+    for _ in range(2):
+        with pytest.raises(TriggerError) as raised:
+            cache.parse("ns", "many", metadata)
+        problems = raised.value.problems
+        assert len(problems) == PROBLEMS_KEPT + 1
+        assert problems[-1].message == "and 280 more problems not shown"
+        assert all(len(p.path) <= 80 for p in problems)
 
 
 def test_cache_evicts_the_oldest_beyond_capacity() -> None:
