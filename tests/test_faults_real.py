@@ -232,3 +232,36 @@ async def test_a_backend_fault_is_logged_as_a_warning_with_the_held_target(caplo
     assert first["level"] == "warning" and "exc" not in first
     assert first["held"] == 5 and "holding 5 replicas" in str(first["msg"])
     assert "no pod answered: 127.0.0.1:9" in str(first["error"])
+
+
+class HangingSource(FailingSource):
+    """A backend that stops answering: a read that never ends (the engine's deadline ends it)."""
+
+    async def read(self, spec: WorkloadSpec, at: float) -> Signal:
+        if self.down:
+            self.reads += 1
+            await asyncio.Event().wait()
+        return await super().read(spec, at)
+
+
+async def test_a_read_past_its_deadline_is_a_fault_naming_the_timeout():
+    """A timeout's own text is empty: the fault says what timed out and after how long, where it
+    said only "team-a/llama: "."""
+    source = HangingSource()
+    settings = ServerSettings(
+        evaluation_interval_s=0.05, workload_idle_timeout_s=3600.0, first_decision_timeout_s=5.0
+    )
+    engine = Engine(ConfigStore(Config(server=settings)), sources=lambda _: source)
+    trigger = parse_trigger("team-a", "llama", synthetic(scrapeTimeoutSeconds="0.05"))
+    try:
+        assert (await engine.decision(trigger)).replicas == 5
+        source.down = True
+        for _ in range(300):  # the read deadline (the scrape timeout + 5 s), polled boundedly
+            decision = next(engine.decisions())
+            if decision.reason.value == "hold":
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await engine.close()
+    assert decision.reason.value == "hold" and decision.replicas == 5
+    assert decision.faults == ("team-a/llama: the synthetic read timed out after 5.05 s",)

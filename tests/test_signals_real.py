@@ -11,10 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from scaler._proto import externalscaler_pb2 as pb
 from scaler.config import Config, ServerSettings
 from scaler.httpclient import async_client
 from scaler.policy import Decision
@@ -437,6 +439,56 @@ async def test_prometheus_outage_holds_the_target_and_recovers(
             timeout_s=10,
         )
         assert "source_recovered" in [getattr(r, "event", None) for r in caplog.records]
+
+
+async def test_prometheus_down_at_first_sight_is_a_cold_start_then_recovers(
+    start_prometheus, start_server, caplog
+):
+    """Prometheus refuses connections when the scaler first sees its workloads: the one that
+    scrapes its pods and names Prometheus only for warm-start history gets its target at once
+    (a cold start); the one that reads through Prometheus answers UNAVAILABLE naming the cause
+    (KEDA's fallback), not an internal error; no loop crashes; once Prometheus is back, it gets
+    its target too."""
+    body = (
+        'vllm:num_requests_waiting{model_name="m",engine="0"} 40\n'
+        'vllm:num_requests_running{model_name="m",engine="0"} 0\n'
+    )
+    with MetricsEndpoint(body) as pod:
+        prom = await asyncio.to_thread(
+            start_prometheus, {"m": [pod.target]}, 0.5, {"namespace": "team-a"}
+        )
+        await asyncio.to_thread(prom.kill)  # its port refuses connections from here on
+        caplog.set_level(logging.INFO, logger="scaler.engine")
+        server, client = await start_server(FAST)
+        common = {"backend": "vllm", "model": "m", "targetConcurrency": "8"}
+        scraped = ref("scraped", {**common, "scrapeTargets": pod.target, "serverAddress": prom.url})
+        through = ref(
+            "through",
+            {
+                **common,
+                "serverAddress": prom.url,
+                "queryIntervalSeconds": "0",
+                "queryTimeoutSeconds": "0.5",
+            },
+        )
+        for _ in range(3):  # every call, not only the first
+            assert (await client.evaluate(scraped)).value == 5.0
+        request = pb.GetMetricsRequest(scaledObjectRef=through, metricName="vllm-m")
+        await client.stub.GetMetricSpec(through)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await client.stub.GetMetrics(request, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "connection refused" in (refused.value.details() or "")
+        assert "internal error" not in (refused.value.details() or "")
+        await asyncio.to_thread(prom.restart)
+        await asyncio.to_thread(prom.wait_for_series, "vllm:num_requests_waiting", 30)
+        recovered = await wait_decision(server, "through", lambda d: d.replicas == 5, 30)
+        assert recovered.reason.value != "hold"
+        assert (await client.evaluate(through)).value == 5.0
+        assert (await client.evaluate(scraped)).value == 5.0
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "crashed" in m], messages
+    assert any(m.startswith("no history for warm start") for m in messages)
 
 
 async def test_warm_start_from_prometheus_history_matches_a_running_replica(
