@@ -77,6 +77,11 @@ WARM_STARTS_AT_ONCE = 16
 HISTORY_PATIENCE_S = 1.0  # a warm start's history read slower than this gives its turn back
 WARM_START_CATCH_UPS = 3  # ticks passed during a warm start's replay are replayed, this often
 WorkloadKey = tuple[str, str, str]
+# Workloads (loops) at once. Each costs ~30 KB and a share of every tick's CPU; one is started for
+# every new (namespace, name, metric) KEDA asks about and stays until it is not asked for
+# workloadIdleTimeoutSeconds, so without a bound a client inventing names grows the table without
+# end. A workload past it gets UNAVAILABLE (KEDA's fallback) until a place frees.
+MAX_WORKLOADS = 5000
 
 
 def key_fraction(key: WorkloadKey) -> float:
@@ -332,7 +337,9 @@ class Workload:
         self.trigger = trigger
         self.last_asked = asked_at
         self.decision: Decision | None = None
-        self.problem: NoDecisionError | None = None
+        # Why there is no decision, as values: an exception kept and raised again at every call
+        # would keep every earlier raise's frames in its traceback.
+        self.problem: tuple[Fault, str] | None = None
         self.state = PolicyState()
         self.banks = banks if banks is not None else ForecastBanks()
         self.forecast: BankedForecast | NeedForecast | None = None
@@ -344,8 +351,8 @@ class Workload:
         self.source_failures = SourceFailures()
         self.phase = phase_of((trigger.namespace, trigger.name, trigger.metric_name))
         # The last resolve: its trigger and config (compared by identity: both are immutable and
-        # replaced, never changed) and its result, a spec or the error to raise.
-        self.resolved: tuple[object, object, WorkloadSpec | NoDecisionError] | None = None
+        # replaced, never changed) and its result, a spec or the message of the error to raise.
+        self.resolved: tuple[object, object, WorkloadSpec | str] | None = None
 
     def outlook(self, spec: WorkloadSpec) -> Outlook | None:
         """The current forecast outlook (None with forecasting off), built on first use and
@@ -405,7 +412,8 @@ class Workload:
         return self._updated
 
     def publish(self, decision: Decision | None, problem: NoDecisionError | None) -> None:
-        self.decision, self.problem = decision, problem
+        self.decision = decision
+        self.problem = None if problem is None else (problem.fault, problem.message)
         self.first.set()
         event, self._updated = self._updated, None
         if event is not None:
@@ -420,11 +428,14 @@ class Engine:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         warm_starts_at_once: int = WARM_STARTS_AT_ONCE,
+        max_workloads: int = MAX_WORKLOADS,
     ) -> None:
         """`warm_starts_at_once`: replays admitted together (see `_warm_start`); a bench or a test
-        sets it here rather than patching the module's default."""
+        sets it here rather than patching the module's default. `max_workloads`: the most loops
+        at once (see MAX_WORKLOADS)."""
         if warm_starts_at_once < 1:
             raise ValueError(f"warm_starts_at_once: at least 1, got {warm_starts_at_once}")
+        self._max_workloads = max_workloads
         self._store = store
         self._source_for = sources if sources is not None else Sources()
         self._clock = clock
@@ -438,11 +449,35 @@ class Engine:
 
     # --- what the RPCs call: memory only -----------------------------------------------------
 
-    def touch(self, trigger: TriggerSpec) -> Workload:
-        """The workload for this trigger, started on first sight; marks it as asked for."""
+    def touch(self, trigger: TriggerSpec) -> Workload | None:
+        """The workload for this trigger, started on first sight; marks it as asked for. None
+        when none is started: the trigger does not fit the ConfigMap, or the table is full."""
+        workload = self._touch(trigger)
+        return None if isinstance(workload, NoDecisionError) else workload
+
+    def _refusal(self, trigger: TriggerSpec) -> NoDecisionError | None:
+        """Why no workload is started for this trigger, if none is. A trigger that does not fit
+        the ConfigMap gets no loop (nothing to read; it is checked again at its next call, so a
+        ConfigMap edit that makes it fit starts one); nor does one past `max_workloads`."""
+        try:
+            resolve(trigger, self._store.current)
+        except ResolveError as exc:
+            return NoDecisionError(Fault.FAILED_PRECONDITION, f"{trigger.workload}: {exc}")
+        if len(self._workloads) >= self._max_workloads:
+            return NoDecisionError(
+                Fault.UNAVAILABLE,
+                f"{trigger.workload}: this scaler serves at most {self._max_workloads} workloads "
+                "at once; a workload not asked for in workloadIdleTimeoutSeconds frees its place",
+            )
+        return None
+
+    def _touch(self, trigger: TriggerSpec) -> Workload | NoDecisionError:
         key = (trigger.namespace, trigger.name, trigger.metric_name)
         workload = self._workloads.get(key)
         if workload is None:
+            refused = self._refusal(trigger)
+            if refused is not None:
+                return refused
             workload = Workload(trigger, self._monotonic(), self._banks)
             self._workloads[key] = workload
             if not self._closing:
@@ -452,7 +487,9 @@ class Engine:
         return workload
 
     async def decision(self, trigger: TriggerSpec) -> Decision:
-        workload = self.touch(trigger)
+        workload = self._touch(trigger)
+        if isinstance(workload, NoDecisionError):
+            raise workload
         if not workload.first.is_set():
             timeout = self._store.current.server.first_decision_timeout_s
             try:
@@ -463,15 +500,18 @@ class Engine:
                     f"{trigger.workload}: first decision not ready within {timeout:g}s",
                 ) from None
         if workload.decision is None:
-            raise workload.problem or NoDecisionError(
-                Fault.UNAVAILABLE, f"{trigger.workload}: no data"
-            )
+            fault, message = workload.problem or (Fault.UNAVAILABLE, f"{trigger.workload}: no data")
+            raise NoDecisionError(fault, message)  # a new one each time (see Workload.problem)
         return workload.decision
 
     async def watch(self, trigger: TriggerSpec) -> AsyncIterator[Decision | None]:
         """Every decision as it is published; keeps the workload alive while watched."""
         while not self._closing:
             workload = self.touch(trigger)
+            if workload is None:  # none started (`_refusal`): asked again an interval later
+                yield None
+                await asyncio.sleep(self._store.current.server.evaluation_interval_s)
+                continue
             event = workload.updated
             if workload.first.is_set():
                 yield workload.decision
@@ -542,6 +582,9 @@ class Engine:
         finally:
             if self._workloads.get(key) is workload:
                 del self._workloads[key]
+                release = getattr(self._source_for, "release", None)
+                if release is not None:  # its Prometheus source closes if no one else reads it
+                    release(workload.trigger)
             workload.release_forecast()
             workload.first.set()
             workload.updated.set()
@@ -551,14 +594,14 @@ class Engine:
         trigger, config = workload.trigger, self._store.current
         cached = workload.resolved
         if cached is None or cached[0] is not trigger or cached[1] is not config:
-            result: WorkloadSpec | NoDecisionError
+            result: WorkloadSpec | str
             try:
                 result = resolve(trigger, config)
             except ResolveError as exc:
-                result = NoDecisionError(Fault.FAILED_PRECONDITION, f"{trigger.workload}: {exc}")
+                result = f"{trigger.workload}: {exc}"
             cached = workload.resolved = (trigger, config, result)
-        if isinstance(cached[2], NoDecisionError):
-            raise cached[2]
+        if isinstance(cached[2], str):
+            raise NoDecisionError(Fault.FAILED_PRECONDITION, cached[2])
         return cached[2]
 
     async def _warm_start(self, workload: Workload) -> None:
