@@ -1,5 +1,11 @@
 """One JSON object per log line, with the `extra=` fields of each call as top-level keys, so a
-log pipeline can filter on `workload`, `decision_id` or `event` without parsing prose."""
+log pipeline can filter on `workload`, `decision_id` or `event` without parsing prose.
+
+Every line is cut to a bound (`MAX_LINE_CHARS`), whoever logs it: a library's message can carry
+input of any size (urllib3's retry warning, the whole URL-encoded PromQL query; an echoed value
+of a rejected file), and one such line can fill a node's log volume. `cut` is the one way to
+shorten a text for a message here, so every cut reads alike.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,49 @@ import logging
 import sys
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+MAX_MESSAGE_CHARS = 2000  # a record's message
+MAX_FIELD_CHARS = 500  # each `extra=` field's value, as text
+MAX_TRACEBACK_CHARS = 8000  # its traceback: the first and the last half of that are kept
+MAX_LINE_CHARS = 16_000  # a whole line, whatever it holds (JSON stays valid)
+
+
+def cut(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text` if it is within `limit` characters, else its start and its length, within `limit`
+    in all (for a limit of 40 characters or more)."""
+    if len(text) <= limit:
+        return text
+    suffix = f"... [cut: {len(text)} characters]"
+    return text[: max(0, limit - len(suffix))] + suffix
+
+
+def _cut_middle(text: str, limit: int) -> str:
+    """`text` within about `limit` characters, its start and its end kept (a traceback's last
+    frames and the error say the most)."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[-half:]}"
+
+
+class CutMessages(logging.Filter):
+    """Cuts each record's message to MAX_MESSAGE_CHARS, formatting it once (its arguments then
+    go): on the handler, so the records of every logger, urllib3's included, pass through it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: logging reports it when the line is formatted
+            return True
+        if len(message) > MAX_MESSAGE_CHARS:
+            record.msg, record.args = cut(message), None
+        return True
+
+
+def _value(value: object) -> object:
+    """An `extra=` value as JSON takes it, cut: numbers and flags as they are, text cut."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return cut(value if isinstance(value, str) else str(value), MAX_FIELD_CHARS)
 
 
 class JsonFormatter(logging.Formatter):
@@ -16,12 +65,27 @@ class JsonFormatter(logging.Formatter):
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": cut(record.getMessage()),
         }
-        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        entry.update({k: _value(v) for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+            entry["exc"] = _cut_middle(self.formatException(record.exc_info), MAX_TRACEBACK_CHARS)
+        line = json.dumps(entry, default=str)
+        if len(line) <= MAX_LINE_CHARS:
+            return line
+        # Many fields, each within its bound: the line keeps what says what happened.
+        kept = {k: entry[k] for k in ("ts", "level", "logger", "msg", "event") if k in entry}
+        return json.dumps({**kept, "cut": f"{len(line)} characters, fields left out"})
+
+
+class TextFormatter(logging.Formatter):
+    """`logging.Formatter`, each line within MAX_LINE_CHARS (a traceback's middle cut first)."""
+
+    def formatException(self, ei: logging._SysExcInfoType) -> str:  # noqa: N802 (logging's name)
+        return _cut_middle(super().formatException(ei), MAX_TRACEBACK_CHARS)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return cut(super().format(record), MAX_LINE_CHARS)
 
 
 def setup(level: str = "info", fmt: str = "json") -> None:
@@ -29,7 +93,8 @@ def setup(level: str = "info", fmt: str = "json") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(CutMessages())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
