@@ -38,7 +38,7 @@ import math
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from enum import Enum
 from typing import Any, NamedTuple, TypeVar
@@ -427,12 +427,14 @@ class Engine:
         sources: Callable[[WorkloadSpec], Source] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         warm_starts_at_once: int = WARM_STARTS_AT_ONCE,
         max_workloads: int = MAX_WORKLOADS,
     ) -> None:
         """`warm_starts_at_once`: replays admitted together (see `_warm_start`); a bench or a test
         sets it here rather than patching the module's default. `max_workloads`: the most loops
-        at once (see MAX_WORKLOADS)."""
+        at once (see MAX_WORKLOADS). `clock` (ticks), `monotonic` (idle timeouts) and `sleep`
+        (the wait for the next tick) are time as an argument: a test moves them together."""
         if warm_starts_at_once < 1:
             raise ValueError(f"warm_starts_at_once: at least 1, got {warm_starts_at_once}")
         self._max_workloads = max_workloads
@@ -440,6 +442,7 @@ class Engine:
         self._source_for = sources if sources is not None else Sources()
         self._clock = clock
         self._monotonic = monotonic
+        self._sleep = sleep
         self._workloads: dict[WorkloadKey, Workload] = {}
         self._banks = ForecastBanks()  # workloads' forecasts, one vectorised update per bin
         self._closing = False  # watchers end; loops keep answering unary calls
@@ -510,7 +513,7 @@ class Engine:
             workload = self.touch(trigger)
             if workload is None:  # none started (`_refusal`): asked again an interval later
                 yield None
-                await asyncio.sleep(self._store.current.server.evaluation_interval_s)
+                await self._sleep(self._store.current.server.evaluation_interval_s)
                 continue
             event = workload.updated
             if workload.first.is_set():
@@ -519,6 +522,12 @@ class Engine:
 
     def decisions(self) -> Iterator[Decision]:
         return (w.decision for w in list(self._workloads.values()) if w.decision is not None)
+
+    def specs(self) -> Iterator[WorkloadSpec]:
+        """The resolved spec of every tracked workload whose trigger resolves (for /metrics)."""
+        for w in list(self._workloads.values()):
+            if w.resolved is not None and not isinstance(w.resolved[2], str):
+                yield w.resolved[2]
 
     def __len__(self) -> int:
         return len(self._workloads)
@@ -558,7 +567,7 @@ class Engine:
                 now = self._clock()
                 tick = next_tick(now, workload.last_tick, interval, workload.phase)
                 if tick > now:
-                    await asyncio.sleep(max(0.0, tick - self._clock()))
+                    await self._sleep(max(0.0, tick - self._clock()))
                 # Idle only after a first decision: a warm start slower than the idle timeout
                 # (a backend slow to answer its history) must not end the loop that a caller
                 # is waiting on, with "no data" instead of a target.

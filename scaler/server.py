@@ -147,7 +147,7 @@ class ScalerServer:
             if self.health_port == 0:
                 raise OSError(f"cannot listen on {self.health_address}")
         if self.metrics_address is not None:
-            self._collector = DecisionCollector(self.engine.decisions)
+            self._collector = DecisionCollector(self.engine.decisions, self.engine.specs)
             self.registry.register(self._collector)
             mhost, mport = split_address(self.metrics_address)
             self._http = HttpEndpoint(mhost, mport, self.registry, self.engine.decisions)

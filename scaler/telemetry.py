@@ -8,15 +8,20 @@ latest decisions at scrape time, so a workload that is dropped disappears from /
 from __future__ import annotations
 
 import functools
+import platform
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from scaler.version import version
 
 if TYPE_CHECKING:
     from scaler.policy import Decision
+    from scaler.workload import WorkloadSpec
 
 PREFIX = "queue_scaler_"
 
@@ -52,6 +57,11 @@ def evaluation_counter(outcome: str) -> Counter:
 
 OPEN_STREAMS = Gauge(PREFIX + "open_streams", "Streaming RPCs open now", ["method"])
 
+BUILD_INFO = Gauge(
+    PREFIX + "build_info", "Always 1: the running version and Python", ["version", "python"]
+)
+BUILD_INFO.labels(version=version(), python=platform.python_version()).set(1)
+
 LABELS = ["namespace", "scaledobject", "metric"]
 
 # What the scaler saw, next to what it decided: signal field -> (metric name, help).
@@ -74,11 +84,22 @@ SIGNAL_METRICS = {
 }
 
 
-class DecisionCollector(Collector):
-    """Exports the latest decision of every tracked workload."""
+# Backends whose servers export a queue time the shipped SLO alerts read
+# (deploy/monitoring/alerts.yaml): vLLM's histogram, Triton's cumulative queue duration.
+SLO_BACKENDS = ("vllm", "triton")
 
-    def __init__(self, decisions: Callable[[], Iterable[Decision]]) -> None:
+
+class DecisionCollector(Collector):
+    """Exports the latest decision of every tracked workload, and (given `specs`) each scraped
+    workload's queue-time SLO, for the SLO alerts to join with the servers' own metrics."""
+
+    def __init__(
+        self,
+        decisions: Callable[[], Iterable[Decision]],
+        specs: Callable[[], Iterable[WorkloadSpec]] | None = None,
+    ) -> None:
         self._decisions = decisions
+        self._specs = specs
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = {
@@ -159,6 +180,7 @@ class DecisionCollector(Collector):
                     else:
                         family.add_metric(labels, float(value))
         yield from families.values()
+        yield from self._slos()
         yield from signals.values()
         yield missing
         yield forecast
@@ -166,3 +188,32 @@ class DecisionCollector(Collector):
         workloads = GaugeMetricFamily(PREFIX + "workloads", "Workloads with a decision")
         workloads.add_metric([], count)
         yield workloads
+
+    def _slos(self) -> Iterator[GaugeMetricFamily]:
+        """`queue_time_slo_seconds` per workload with a `queueTimeSloSeconds`, a `service` and a
+        backend in SLO_BACKENDS. Labelled with the Service (Prometheus gives the servers' series
+        the same `service` label when a ServiceMonitor scrapes them) and `le`, the SLO spelt as a
+        histogram bucket bound is (prometheus_client's float format, as vLLM's buckets are), so
+        the alert can pick the bucket at the SLO with a label match."""
+        slo = GaugeMetricFamily(
+            PREFIX + "queue_time_slo_seconds",
+            "The workload's queueTimeSloSeconds, for the SLO alerts",
+            labels=[*LABELS, "service", "backend", "le"],
+        )
+        for spec in self._specs() if self._specs is not None else ():
+            trigger, seconds = spec.trigger, spec.capacity.queue_time_slo_s
+            service = trigger.values.get("service")
+            if seconds is None or not service or trigger.backend not in SLO_BACKENDS:
+                continue
+            slo.add_metric(
+                [
+                    trigger.namespace,
+                    trigger.name,
+                    trigger.metric_name,
+                    str(service),
+                    trigger.backend,
+                    floatToGoString(seconds),  # type: ignore[no-untyped-call]
+                ],
+                seconds,
+            )
+        yield slo

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
@@ -102,6 +103,7 @@ def load_crd_schema(group: str, kind: str, version: str) -> dict[str, Any]:
 
 
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf")
+_GO_LATE_FLAGS = re.compile(r"^\^\(\?([imsU]+)\)")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties")
 
 
@@ -114,6 +116,9 @@ def strict(schema: Mapping[str, Any], *, drop_required: bool = False) -> dict[st
     - `x-kubernetes-int-or-string: true` without a type becomes anyOf integer/string (schemas that
       already carry that anyOf are kept as they are).
     - `nullable: true` admits null.
+    - A `pattern` opening with an inline flag group after its anchor (`^(?i)...`, which Go's RE2
+      reads, and the API server with it, but Python's re rejects) gets the flags first:
+      `(?i)^...`, the same language.
     - `drop_required=True` removes `required` lists, to check partial bodies (merge patches).
     """
     out: dict[str, Any] = dict(schema)
@@ -151,6 +156,8 @@ def strict(schema: Mapping[str, Any], *, drop_required: bool = False) -> dict[st
         out["additionalProperties"] = False
     if out.get("x-kubernetes-int-or-string") is True and "type" not in out and "anyOf" not in out:
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if isinstance(out.get("pattern"), str):
+        out["pattern"] = _GO_LATE_FLAGS.sub(r"(?\1)^", out["pattern"])
     if out.get("nullable") is True and isinstance(out.get("type"), str):
         out["type"] = [out["type"], "null"]
     if drop_required:

@@ -16,9 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scaler import telemetry
 from scaler.companion.run import CompanionMetrics
+from scaler.config import Config
 from scaler.outlook import Outlook
 from scaler.policy import Decision, Reason
 from scaler.signals import Signal
+from scaler.trigger import parse_trigger
+from scaler.workload import WorkloadSpec, resolve
 
 AT = 1_700_000_000.0
 
@@ -72,6 +75,18 @@ def decisions() -> list[Decision]:
     return [full, partial]
 
 
+def specs() -> list[WorkloadSpec]:
+    """The first decision's workload, scraped from a Service with a queue-time SLO (exported for
+    the SLO alerts); the second has no SLO, and exports none."""
+    scraped = {"backend": "vllm", "service": "llama", "metricName": "queue"}
+    return [
+        resolve(
+            parse_trigger("team-a", "llama", {**scraped, "queueTimeSloSeconds": "1"}), Config()
+        ),
+        resolve(parse_trigger("team-b", "mistral", {**scraped, "service": "mistral"}), Config()),
+    ]
+
+
 def _parse(text: str) -> list[Metric]:
     return list(text_string_to_metric_families(text))
 
@@ -85,7 +100,7 @@ def scaler_text() -> str:
     telemetry.EVALUATIONS.labels(outcome="decided")
     telemetry.OPEN_STREAMS.labels(method="StreamIsActive")
     registry = CollectorRegistry()
-    registry.register(telemetry.DecisionCollector(decisions))
+    registry.register(telemetry.DecisionCollector(decisions, specs))
     return generate_latest(REGISTRY).decode() + generate_latest(registry).decode()
 
 

@@ -224,6 +224,7 @@ def test_every_object_has_a_schema_kind_we_expect() -> None:
         "EC2NodeClass",
         "ServiceMonitor",
         "PodMonitor",
+        "PrometheusRule",
     }
     assert {obj["kind"] for _, _, obj in CERT_MANAGER_OBJECTS} == {
         "Issuer",
@@ -1282,7 +1283,7 @@ def test_monitoring_kustomize_build_holds_the_dashboard_configmap() -> None:
     )
     assert built.returncode == 0, f"kubectl kustomize failed: {built.stderr.strip()[:2000]}"
     objects = {obj["kind"]: obj for obj in yaml.safe_load_all(built.stdout)}
-    assert set(objects) == {"ConfigMap", "ServiceMonitor", "PodMonitor"}
+    assert set(objects) == {"ConfigMap", "ServiceMonitor", "PodMonitor", "PrometheusRule"}
     config_map = objects["ConfigMap"]
     assert config_map["metadata"]["name"] == "gpu-queue-scaler-dashboard"
     assert config_map["metadata"]["namespace"] == "gpu-queue-scaler"

@@ -23,8 +23,15 @@ from tests.metric_scrapes import companion_families, scaler_families
 # Bounded label names. Per workload: namespace/scaledobject/metric (one series per ScaledObject
 # trigger), and closed sets: reason (policy.Reason), bound (point, q90), model (the forecaster's
 # candidates), field (Signal's fields), method/code (the gRPC methods and status codes),
-# outcome/result/kind/stage (fixed in the code), nodepool (the cluster's NodePools).
+# outcome/result/kind/stage (fixed in the code), nodepool (the cluster's NodePools); for the SLO
+# alerts' join, one per workload: service (the trigger's), backend (a closed set), le (its SLO as a
+# bucket bound); build_info's version and python (one series).
 SCALER_LABELS = {
+    "service",
+    "backend",
+    "le",
+    "version",
+    "python",
     "namespace",
     "scaledobject",
     "metric",
