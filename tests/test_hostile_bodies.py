@@ -277,13 +277,29 @@ network read at a time (at most 64 KiB in, ~64 MiB out), hence the bomb's own bo
 BOMB_PEAK = SCRAPE_PEAK + 80 * MIB
 
 
+def client_threads() -> int:
+    """The process's threads but the test server's (a handler waits on a keep-alive
+    connection for its next request: the server's business, not the source's)."""
+    return sum("process_request_thread" not in t.name for t in threading.enumerate())
+
+
+def threads_back_to(count: int) -> bool:
+    """The source's threads gone again once it is closed, within SETTLE_S (bounded polling)."""
+    deadline = time.monotonic() + SETTLE_S
+    while client_threads() > count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return client_threads() <= count
+
+
 async def scrape_once(server: HostileServer, timeout_s: str = "1") -> Outcome:
+    threads = client_threads()
     source = ScrapeSource()
     spec = vllm_spec(scrapeTargets=server.target, scrapeTimeoutSeconds=timeout_s)
     try:
         return await measured(lambda: source.read(spec, time.time()), server)
     finally:
         await source.close()
+        assert threads_back_to(threads), [t.name for t in threading.enumerate()]
 
 
 async def test_a_huge_metrics_body_is_cut_at_the_cap_while_it_streams(hostile):
@@ -355,6 +371,7 @@ async def test_a_pod_turning_hostile_holds_the_served_target(hostile, start_serv
 
 
 async def prometheus_once(server: HostileServer, timeout_s: str = "2") -> Outcome:
+    threads = client_threads()
     source = PrometheusSource(server.url, batch=False)
     spec = vllm_spec(
         serverAddress=server.url, queryTimeoutSeconds=timeout_s, queryIntervalSeconds="0"
@@ -364,6 +381,7 @@ async def prometheus_once(server: HostileServer, timeout_s: str = "2") -> Outcom
     finally:
         source._pool.shutdown(wait=True)
         source._session.close()
+        assert threads_back_to(threads), [t.name for t in threading.enumerate()]
 
 
 def queries_of_a_read() -> int:
