@@ -21,6 +21,7 @@ import gc
 import logging
 import os
 import signal
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import grpc
@@ -54,6 +55,10 @@ STOP_LOOPS_S = 10.0
 # workloads: young ones under 3 ms, middle ones 3-5 ms). Full collections, which walk all that is
 # not frozen (~30 ms with 1,000 workloads), come after 100 middle ones at the earliest.
 GC_THRESHOLDS = (200, 5, 100)
+# gRPC sets SO_REUSEPORT on its listening sockets by default: a second `scaler serve` on a port in
+# use would bind as well, log `serving`, and the kernel would split KEDA's connections between the
+# two processes. Off, binding a port in use fails and the server refuses to start.
+GRPC_OPTIONS = (("grpc.so_reuseport", 0),)
 
 
 def tune_gc() -> None:
@@ -80,6 +85,22 @@ def split_address(address: str) -> tuple[str, int]:
 
 def _bind(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _listen(what: str, address: str, add_port: Callable[[str], int]) -> int:
+    """Bind one gRPC port; a port in use (or an address not on this host) is an OSError naming
+    it. grpcio raises RuntimeError on a failed bind; older releases returned port 0."""
+    host, port = split_address(address)
+    try:
+        bound = add_port(_bind(host, port))
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise OSError(
+            f"cannot listen on {address} ({what}): the port is in use (another scaler?) or the "
+            "address is not this host's"
+        )
+    return bound
 
 
 class ScalerServer:
@@ -116,14 +137,38 @@ class ScalerServer:
         self._shutdown = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping = False
-        self._server = grpc.aio.server(interceptors=[RejectUndecodable()])
+        self._server = grpc.aio.server(interceptors=[RejectUndecodable()], options=GRPC_OPTIONS)
         self._health = health.aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
         self._http: HttpEndpoint | None = None
         self.loops_stopped = True  # False if stop() gave up on workload loops that would not end
 
     async def start(self) -> None:
-        host, port = split_address(self.address)
+        """Bind every port, then serve. A port that cannot be bound raises OSError before
+        anything is served, with whatever was bound released."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._release()
+            raise
+
+    async def _release(self) -> None:
+        """Undo a failed start. gRPC closes a bound port only when a started server stops, so a
+        server that bound one is started and stopped at once (nothing is SERVING yet)."""
+        for server, bound in ((self._server, self.port), (self._health_server, self.health_port)):
+            if server is not None and bound:
+                await server.start()
+            if server is not None:
+                await server.stop(None)
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
+        if self._collector is not None:
+            self.registry.unregister(self._collector)
+            self._collector = None
+
+    async def _start(self) -> None:
+        split_address(self.address)  # a malformed address is a ValueError before anything binds
         service = ExternalScalerService(self.engine, TriggerCache(), self._shutdown)
         pb_grpc.add_ExternalScalerServicer_to_server(service, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -132,25 +177,28 @@ class ScalerServer:
         )
         if self.tls is not None:  # first: unusable certificates are a startup error
             self.tls_reloader = CertificateReloader(self.tls)
-            self.port = self._server.add_secure_port(
-                _bind(host, port), self.tls_reloader.credentials()
+            credentials = self.tls_reloader.credentials()
+            self.port = _listen(
+                "gRPC", self.address, lambda at: self._server.add_secure_port(at, credentials)
             )
         else:
-            self.port = self._server.add_insecure_port(_bind(host, port))
-        if self.port == 0:
-            raise OSError(f"cannot listen on {self.address}")
+            self.port = _listen("gRPC", self.address, self._server.add_insecure_port)
         if self.health_address is not None:
-            hhost, hport = split_address(self.health_address)
-            self._health_server = grpc.aio.server()
+            self._health_server = grpc.aio.server(options=GRPC_OPTIONS)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_server)
-            self.health_port = self._health_server.add_insecure_port(_bind(hhost, hport))
-            if self.health_port == 0:
-                raise OSError(f"cannot listen on {self.health_address}")
+            self.health_port = _listen(
+                "health", self.health_address, self._health_server.add_insecure_port
+            )
         if self.metrics_address is not None:
+            mhost, mport = split_address(self.metrics_address)
+            try:  # the stdlib server sets SO_REUSEADDR only: a port in use fails here
+                self._http = HttpEndpoint(mhost, mport, self.registry, self.engine.decisions)
+            except OSError as exc:
+                raise OSError(
+                    f"cannot listen on {self.metrics_address} (metrics): {exc.strerror or exc}"
+                ) from None
             self._collector = DecisionCollector(self.engine.decisions, self.engine.specs)
             self.registry.register(self._collector)
-            mhost, mport = split_address(self.metrics_address)
-            self._http = HttpEndpoint(mhost, mport, self.registry, self.engine.decisions)
             self._http.start()
             self.metrics_port = self._http.port
         await self._server.start()
