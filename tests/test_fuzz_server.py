@@ -76,13 +76,15 @@ def value_for(rng: random.Random, key: str, index: int, port: int) -> str:
 
 def fuzzed_maps(count: int, seed: int, port: int) -> Iterator[dict[str, str]]:
     """Metadata maps from the trigger fuzzer's vocabulary, many valid (each Prometheus one with
-    a `serverAddress` of its own), many not."""
+    a `serverAddress` of its own, and direct-scrape ones), many not."""
     rng = random.Random(seed)
     keys = (*TRIGGER_KEYS, "targetconcurrency", "BACKEND", "")
     for index in range(count):
         backend = rng.choice(("vllm", "triton", "custom", "synthetic", "sglang"))
         metadata = {"backend": backend}
-        if backend != "synthetic":
+        if backend in ("vllm", "triton") and rng.random() < 0.4:  # direct scrape
+            metadata["scrapeTargets"] = f"127.0.0.1:{port}"
+        elif backend != "synthetic":
             metadata["serverAddress"] = f"http://127.0.0.1:{port}/prom-{index}"
         if backend == "custom":
             metadata["waitingQuery"] = "sum(q{$selector})"
@@ -169,9 +171,13 @@ async def test_fuzzed_metadata_maps_keep_threads_and_memory_bounded(start_server
         assert len(engine) == 300
         assert refused and all("at most 300 workloads" in text for text in refused), refused[:3]
 
-        # Idle: every workload's loop ends at its next tick, its sources closed.
+        scrape = sources._scrape  # direct scrape's windows, one per workload scraping
+        assert scrape is not None and scrape._windows
+
+        # Idle: every workload's loop ends at its next tick, its sources closed, windows gone.
         skipped[0] = SETTINGS.workload_idle_timeout_s + 1
         assert await poll(lambda: len(engine) == 0 and len(sources) == 0, 30)
+        assert not scrape._windows
 
         def threads_back() -> bool:
             return os_status()[1] <= threads_before + 2
