@@ -12,7 +12,6 @@ metric names the rules read are checked against the scrapes of the real registri
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ if str(TESTS_DIR) not in sys.path:
 import k8s_schema  # noqa: E402
 
 from tests.metric_scrapes import companion_families, scaler_families  # noqa: E402
-from tests.servers.base import await_install  # noqa: E402
+from tests.tools import require  # noqa: E402
 
 ROOT = k8s_schema.REPO_ROOT
 ALERTS = ROOT / "deploy" / "monitoring" / "alerts.yaml"
@@ -44,19 +43,7 @@ TEMPLATE = re.compile(r"\{\{ \$labels\.([a-z_]+) \}\}")
 @pytest.fixture(scope="session")
 def promtool() -> str:
     """promtool, from the `prometheus` package `./dev test` installs; fails, never skips."""
-    failed = await_install("prometheus")
-    if failed:
-        pytest.fail(f"promtool unavailable: {failed}", pytrace=False)
-    path = shutil.which("promtool") or (
-        "/usr/bin/promtool" if Path("/usr/bin/promtool").is_file() else None
-    )
-    if path is None:
-        pytest.fail(
-            "promtool not found; install Debian's `prometheus` package "
-            "(tests/servers/install_prometheus.sh)",
-            pytrace=False,
-        )
-    return path
+    return require("promtool")
 
 
 def _rules_file(directory: Path) -> Path:

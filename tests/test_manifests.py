@@ -57,8 +57,17 @@ CORE_KINDS = {
     "Role",
     "RoleBinding",
     "NetworkPolicy",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PriorityClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 EXTERNAL_TRIGGERS = {"external", "external-push"}
 # The oldest Kubernetes the manifests target, and the newest kubernetes_validate ships.
 K8S_VERSIONS = sorted({k8s_schema.K8S_VERSION, kubernetes_validate.latest_version()})
@@ -1292,3 +1301,154 @@ def test_monitoring_kustomize_build_holds_the_dashboard_configmap() -> None:
     assert config_map["data"] == {"dashboard.json": text}
     for version in K8S_VERSIONS:
         k8s_schema.validate_core(config_map, version)
+
+
+# --- the companion's pod patches, narrowed by a ValidatingAdmissionPolicy -------------------------
+
+
+def _admission_policy() -> tuple[dict[str, Any], dict[str, Any]]:
+    policy = _only("ValidatingAdmissionPolicy", _companion_objects())
+    binding = _only("ValidatingAdmissionPolicyBinding", _companion_objects())
+    return policy, binding
+
+
+def test_companion_admission_policy_covers_exactly_its_pod_patch_grant() -> None:
+    """The policy matches what RBAC lets the companion do to pods beyond reading them (patch =
+    UPDATE in admission), only for the companion's own ServiceAccount, and its binding denies."""
+    from scaler.companion.kube import API_ACCESS, CLUSTER
+
+    policy, binding = _admission_policy()
+    pod_writes = {
+        verb for group, resource, verb, _ in API_ACCESS if (group, resource) == ("", "pods")
+    } - {"list", "get", "watch"}
+    assert pod_writes == {"patch"}
+    assert ("", "pods", "patch", CLUSTER) in _companion_grants()
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}
+    ]
+    account = _only("ServiceAccount", _companion_objects())["metadata"]
+    [condition] = spec["matchConditions"]
+    username = f"system:serviceaccount:{account['namespace']}:{account['name']}"
+    assert condition["expression"].split("==") == [
+        "request.userInfo.username ",
+        f' "{username}"',
+    ]
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert all(
+        v["message"] and v["reason"] in ("Forbidden", "Invalid") for v in spec["validations"]
+    )
+
+
+def _admit(old: dict[str, Any], new: dict[str, Any], username: str) -> list[str]:
+    """The policy as the API server applies it, evaluated with cel-python: the messages of the
+    validations that fail, or [] (admitted). A request its matchConditions exclude is admitted."""
+    import celpy
+
+    spec = _admission_policy()[0]["spec"]
+    env = celpy.Environment()
+
+    def run(expression: str, activation: dict[str, Any]) -> Any:
+        return env.program(env.compile(expression)).evaluate(activation)
+
+    activation: dict[str, Any] = {
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel({"userInfo": {"username": username}, "operation": "UPDATE"}),
+    }
+    if not all(bool(run(c["expression"], activation)) for c in spec["matchConditions"]):
+        return []
+    variables: dict[str, Any] = {}
+    for variable in spec["variables"]:  # in order: a later one may read an earlier one
+        variables[variable["name"]] = run(
+            variable["expression"], {**activation, "variables": celpy.json_to_cel(variables)}
+        )
+    activation["variables"] = celpy.json_to_cel(variables)
+    return [v["message"] for v in spec["validations"] if not bool(run(v["expression"], activation))]
+
+
+def _workload_pod() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "llama-7d9-abcde",
+            "namespace": "team-a",
+            "labels": {"app": "llama", "pod-template-hash": "7d9"},
+            "annotations": {"team": "a"},
+            "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "llama-7d9"}
+            ],
+        },
+        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0"}]},
+    }
+
+
+def _cost_patch(cost: int) -> dict[str, Any]:
+    """The body the companion's packing sends (kube.pack_sync) for one CostChange."""
+    from scaler.companion.packing import DELETION_COST_ANNOTATION, CostChange
+
+    change = CostChange(pod=None, cost=cost)  # type: ignore[arg-type]  # only .value is read
+    return {"metadata": {"annotations": {DELETION_COST_ANNOTATION: change.value}}}
+
+
+COMPANION_USER = "system:serviceaccount:gpu-queue-scaler:gpu-queue-scaler-companion"
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        _cost_patch(3),
+        _cost_patch(-2),
+        {"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": None}}},
+    ],
+    ids=["set", "negative", "remove"],
+)
+def test_companion_admission_policy_admits_the_deletion_cost_patch(patch: dict[str, Any]) -> None:
+    old = _workload_pod()
+    old_with_cost = k8s_schema.merge_patch(old, _cost_patch(1))
+    for before in (old, old_with_cost):
+        assert _admit(before, k8s_schema.merge_patch(before, patch), COMPANION_USER) == []
+
+
+@pytest.mark.parametrize(
+    ("patch", "refused"),
+    [
+        ({"metadata": {"labels": {"app": "other"}}}, "labels"),
+        ({"metadata": {"labels": {"pod-template-hash": None}}}, "labels"),
+        ({"spec": {"containers": [{"name": "vllm", "image": "evil:latest"}]}}, "spec"),
+        ({"metadata": {"annotations": {"team": "b"}}}, "only the"),
+        ({"metadata": {"annotations": {"team": None}}}, "only the"),
+        ({"metadata": {"annotations": {"new": "x"}}}, "only the"),
+        ({"metadata": {"ownerReferences": None}}, "owner references"),
+        ({"metadata": {"finalizers": ["example.com/hold"]}}, "finalizers"),
+        (
+            {"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "high"}}},
+            "integer",
+        ),
+    ],
+    ids=[
+        "relabel",
+        "drop-label",
+        "image",
+        "other-annotation",
+        "drop-annotation",
+        "add-annotation",
+        "orphan",
+        "finalizer",
+        "cost-not-integer",
+    ],
+)
+def test_companion_admission_policy_refuses_any_other_pod_change(
+    patch: dict[str, Any], refused: str
+) -> None:
+    old = _workload_pod()
+    new = k8s_schema.merge_patch(old, patch)
+    messages = _admit(old, new, COMPANION_USER)
+    assert messages and any(refused in m for m in messages), messages
+    # The same change by anyone else is not this policy's business.
+    assert _admit(old, new, "system:serviceaccount:kube-system:replicaset-controller") == []
