@@ -383,7 +383,10 @@ def test_prometheus_reads_bench_prints_every_way(prometheus_bin: str) -> None:
 async def test_prometheus_outage_holds_the_target_and_recovers(
     start_prometheus, start_server, caplog, decision_log: DecisionLog
 ):
-    body = 'vllm:num_requests_waiting{{model_name="m",engine="0"}} {}\n'
+    body = (
+        'vllm:num_requests_waiting{{model_name="m",engine="0"}} {}\n'
+        'vllm:num_requests_running{{model_name="m",engine="0"}} 0\n'  # a queue field, reported
+    )
     with MetricsEndpoint(body.format(40)) as pod:
         prom = await asyncio.to_thread(
             start_prometheus, {"m": [pod.target]}, 0.5, {"namespace": "team-a"}
@@ -496,7 +499,10 @@ async def test_warm_start_from_prometheus_history_matches_a_running_replica(
 ):
     """A scaler that starts after a burst still knows about it (from Prometheus history) and
     holds the stabilized target, exactly like the replica that saw the burst live."""
-    body = 'vllm:num_requests_waiting{{model_name="m",engine="0"}} {}\n'
+    body = (
+        'vllm:num_requests_waiting{{model_name="m",engine="0"}} {}\n'
+        'vllm:num_requests_running{{model_name="m",engine="0"}} 0\n'  # a queue field, reported
+    )
     with MetricsEndpoint(body.format(80)) as pod:
         prom = await asyncio.to_thread(
             start_prometheus, {"m": [pod.target]}, 0.5, {"namespace": "team-a"}
