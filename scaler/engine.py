@@ -82,6 +82,7 @@ WorkloadKey = tuple[str, str, str]
 # workloadIdleTimeoutSeconds, so without a bound a client inventing names grows the table without
 # end. A workload past it gets UNAVAILABLE (KEDA's fallback) until a place frees.
 MAX_WORKLOADS = 5000
+PROBLEM_MAX = 4000  # characters of a workload's kept fault: what a status message can carry
 
 
 def key_fraction(key: WorkloadKey) -> float:
@@ -413,7 +414,8 @@ class Workload:
 
     def publish(self, decision: Decision | None, problem: NoDecisionError | None) -> None:
         self.decision = decision
-        self.problem = None if problem is None else (problem.fault, problem.message)
+        # Cut as a status message is (a fault can list every pod's reason): kept per workload.
+        self.problem = None if problem is None else (problem.fault, problem.message[:PROBLEM_MAX])
         self.first.set()
         event, self._updated = self._updated, None
         if event is not None:

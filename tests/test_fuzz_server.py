@@ -26,13 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from scaler._proto import externalscaler_pb2 as pb
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
-from scaler.engine import Engine
+from scaler.engine import Engine, NoDecisionError
 from scaler.fields import TRIGGER_KEYS
-from scaler.sources import MAX_PROMETHEUS_SERVERS, Sources
+from scaler.signals import Signal
+from scaler.sources import MAX_PROMETHEUS_SERVERS, SourceError, Sources
+from scaler.trigger import parse_trigger
+from scaler.workload import WorkloadSpec
 from tests.conftest import poll, ref, run_bench
 from tests.test_fuzz import KNOWN_VALUES, VALUES_BY_KEY
 
@@ -251,3 +255,28 @@ def test_hostile_rss_bench_prints_its_rows() -> None:
         assert float(figures[0]) > 0 and figures[1].endswith("x") and int(figures[2]) > 0, lines
     assert rows["start"][-4] == rows["start"][-2] == "1.00x", lines  # ratios against the start
     assert any(line.startswith("calls: ") and "poll INVALID_ARGUMENT 300" in line for line in lines)
+
+
+class LongFailure:
+    """A source whose every read fails with a 1 MB reason (a fault listing every pod's)."""
+
+    async def read(self, spec: WorkloadSpec, at: float) -> Signal:
+        raise SourceError("no pod answered: " + "pod: refused; " * 70_000)
+
+    async def history(
+        self, spec: WorkloadSpec, start: float, end: float, step: float
+    ) -> list[Signal]:
+        return []
+
+
+async def test_a_workloads_kept_fault_is_cut_to_what_a_status_can_carry() -> None:
+    engine = Engine(ConfigStore(Config(server=SETTINGS)), sources=lambda _: LongFailure())
+    trigger = parse_trigger("team-a", "long", {"backend": "vllm", "scrapeTargets": "a:1"})
+    try:
+        for _ in range(3):
+            with pytest.raises(NoDecisionError) as raised:
+                await engine.decision(trigger)
+            assert raised.value.message.startswith("team-a/long: no pod answered: pod: refused")
+            assert len(raised.value.message) <= 4000
+    finally:
+        await engine.close()
