@@ -244,3 +244,18 @@ def test_a_warm_hpa_holds_its_replicas_for_the_scale_down_window() -> None:
     run = simulate(KedaInflight(50, 10.0), requests, cfg, 3)
     assert run.replicas[:290].min() == 3
     assert run.replicas[320:690].max() == 1
+
+
+def test_the_replay_exits_1_when_the_oracle_cannot_meet_the_slo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One request generating 100,000 tokens (~22 min alone) cannot finish within the drain:
+    # even the oracle drops it, so the run reports a failed sanity check, not figures.
+    trace = tmp_path / "unservable.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0.5,100,10\n30.0,100,100000\n")
+    from scaler import cli
+
+    code = cli.main(["bench", "replay", "--trace", str(trace), "--no-progress"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "sanity check failed" in err and "1 dropped" in err
