@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import sys
 from collections.abc import Sequence
 
@@ -128,8 +129,13 @@ def _metadata(items: list[str]) -> dict[str, str] | None:
     return metadata
 
 
+# `scaler signals` fails (exit 1) when none of these was read: nothing to size a fleet from.
+NO_SIGNAL_WITHOUT = ("waiting", "running", "arrival_rate")
+
+
 def _signals(args: argparse.Namespace) -> int:
-    """Read a workload's signals once, exactly as the server would, and print them."""
+    """Read a workload's signals once, exactly as the server would, and print them; exit 1
+    when there is no signal (no pod answered, Prometheus down, no series)."""
     import json
     import time
 
@@ -148,7 +154,8 @@ def _signals(args: argparse.Namespace) -> int:
         print(f"scaler signals: {exc}", file=sys.stderr)
         return 2
 
-    async def read() -> dict[str, object]:
+    async def read() -> tuple[dict[str, object], str | None]:
+        """The signal's fields, and why there is no signal at all (None when there is one)."""
         sources = Sources()
         try:
             source = sources(spec)
@@ -157,12 +164,15 @@ def _signals(args: argparse.Namespace) -> int:
                 await asyncio.sleep(args.interval)
             signal = await source.read(spec, time.time())
         except SourceError as exc:
-            return {"source": spec.signal_source, "reasons": [str(exc)]}
+            return {"source": spec.signal_source, "reasons": [str(exc)]}, str(exc)
         finally:
             await sources.close()
-        return signal._asdict()
+        found = signal._asdict()
+        if all(found[key] is None for key in NO_SIGNAL_WITHOUT):
+            return found, f"no queue signal: {', '.join(NO_SIGNAL_WITHOUT)} all missing"
+        return found, None
 
-    found = asyncio.run(read())
+    found, failed = asyncio.run(read())
     if args.json:
         print(json.dumps(found))
     else:
@@ -172,6 +182,9 @@ def _signals(args: argparse.Namespace) -> int:
                     print(f"  missing: {reason}")
             else:
                 print(f"{key:>18}: {'missing' if value is None else value}")
+    if failed is not None:  # e.g. no pod answered: a script must not read this as success
+        print(f"scaler signals: {failed}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -727,9 +740,22 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+# 128 + SIGPIPE: what a shell reports for a command whose reader went away (`| head -1`).
+BROKEN_PIPE_EXIT = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    code: int = args.run(args)
+    try:
+        args = parser().parse_args(argv)  # --help prints too
+        code: int = args.run(args)
+        sys.stdout.flush()  # here, so a reader that went away is seen inside the try
+    except BrokenPipeError:
+        # The reader closed the pipe (`scaler reference | head -1`): not an error to report.
+        # Point stdout at /dev/null, so the interpreter's own flush at exit fails no more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return BROKEN_PIPE_EXIT
     return code
 
 

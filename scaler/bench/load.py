@@ -491,7 +491,8 @@ async def _drive(
 
 
 def soak_summary(run: ServerRun, warmup_s: float) -> dict[str, Any]:
-    after = [s for s in run.samples if s[0] >= warmup_s] or run.samples[-1:]
+    warmed = [s for s in run.samples if s[0] >= warmup_s]
+    after = warmed or run.samples[-1:]
     rss_warm, rss_end = after[0][1], run.samples[-1][1]
     return {
         "warmup_s": warmup_s,
@@ -499,7 +500,10 @@ def soak_summary(run: ServerRun, warmup_s: float) -> dict[str, Any]:
         "rss_after_warmup_kib": rss_warm,
         "rss_end_kib": rss_end,
         "rss_max_kib": max(s[1] for s in run.samples),
-        "rss_growth_pct": round(100.0 * (rss_end - rss_warm) / rss_warm, 2) if rss_warm else None,
+        # None, not 0, with no sample after the warm-up: there is no growth to judge.
+        "rss_growth_pct": (
+            round(100.0 * (rss_end - rss_warm) / rss_warm, 2) if warmed and rss_warm else None
+        ),
         "fds_start": run.samples[0][2],
         "fds_after_warmup": after[0][2],
         "fds_end": run.samples[-1][2],
@@ -556,6 +560,13 @@ async def run_load(options: LoadOptions, stop: asyncio.Event | None = None) -> d
                     runs[name] = run
             if stop is not None and stop.is_set():
                 break
+    return assemble(options, runs, by_round)
+
+
+def assemble(
+    options: LoadOptions, runs: dict[str, ServerRun], by_round: list[dict[str, float | None]]
+) -> dict[str, Any]:
+    """The bench's result from each server's pooled run: summaries, ratios, soak figures."""
     result: dict[str, Any] = {
         "objects": options.objects,
         "duration_s": round(max(r.wall_s for r in runs.values()), 3),
@@ -623,8 +634,7 @@ def table(result: dict[str, Any]) -> str:
                 )
             )
         for key, what in (("p99", "p99"), ("steady_p99", "steady-state p99")):
-            verdict = "within" if (ratio[key] or math.inf) <= 1.5 else "ABOVE"
-            lines.append(f"{what} {verdict} 1.5x the floor (goal)")
+            lines.append(f"{what} {_verdict(ratio[key], result, key)}")
     soak = result.get("soak")
     if soak:
         growth = soak["rss_growth_pct"]
@@ -633,11 +643,28 @@ def table(result: dict[str, Any]) -> str:
             f"{soak['rss_after_warmup_kib'] / 1024:.1f} MiB after {soak['warmup_s']:g} s warm-up, "
             f"{soak['rss_end_kib'] / 1024:.1f} MiB at the end (max "
             f"{soak['rss_max_kib'] / 1024:.1f}): growth {_show(growth)}% "
-            f"({'within' if growth is not None and growth < 5 else 'ABOVE'} the 5% goal)",
+            + (
+                "(no verdict: no RSS sample after the warm-up; run longer than --warmup)"
+                if growth is None
+                else f"({'within' if growth < 5 else 'ABOVE'} the 5% goal)"
+            ),
             f"soak: open fds {soak['fds_start']} at start, {soak['fds_after_warmup']} after "
             f"warm-up, {soak['fds_end']} at the end ({soak['samples']} samples)",
         ]
     return "\n".join(lines)
+
+
+def _verdict(ratio: float | None, result: dict[str, Any], key: str) -> str:
+    """Against the 1.5x goal; no verdict without a ratio (a figure with no calls behind it)."""
+    if ratio is not None:
+        return f"{'within' if ratio <= 1.5 else 'ABOVE'} 1.5x the floor (goal)"
+    if key == "steady_p99":
+        after = max(result[kind]["steady_after_s"] for kind in ("scaler", "floor"))
+        return (
+            f"n/a: no verdict (no call after {after:g} s, when steady state starts: run longer "
+            "than that, or shorten --polling-interval / --hpa-interval)"
+        )
+    return "n/a: no verdict (a server answered no call)"
 
 
 def _show(value: float | None) -> str:
