@@ -120,7 +120,8 @@ CACHE_BYTES = 32 * 1024 * 1024
 UNCACHED_BYTES = 1024 * 1024  # metadata larger than this is parsed on every call, never kept
 
 Problem = tuple[str, str]  # (key, message), as cut for echoing
-CacheKey = tuple[str, str, bytes]
+CacheKey = tuple[str, str, frozenset[tuple[str, str]] | bytes]
+KEY_INLINE_BYTES = 4096  # a map up to this size is its own key (cheaper than a digest to build)
 
 
 def cut(text: str, limit: int) -> str:
@@ -140,7 +141,8 @@ def problems_of(error: TriggerError) -> tuple[Problem, ...]:
 
 
 def metadata_digest(metadata: Mapping[str, str]) -> bytes:
-    """A digest of the whole map, so a cache key never holds the client's strings."""
+    """A digest of the whole map: the cache key of a large map, so that the key does not keep
+    the client's long strings."""
     digest = hashlib.blake2b(digest_size=16)
     for key, value in sorted(metadata.items()):
         for text in (key, value):
@@ -167,11 +169,17 @@ class TriggerCache:
         self._items = OrderedDict()
 
     def parse(self, namespace: str, name: str, metadata: Mapping[str, str]) -> TriggerSpec:
-        size = sum(len(k) + len(v) for k, v in metadata.items())
+        size = sum(map(len, metadata.keys())) + sum(map(len, metadata.values()))
         if size > UNCACHED_BYTES:
             found = self._build(namespace, name, metadata)
         else:
-            key = (namespace, name, metadata_digest(metadata))
+            key: CacheKey = (
+                namespace,
+                name,
+                frozenset(metadata.items())
+                if size <= KEY_INLINE_BYTES
+                else metadata_digest(metadata),
+            )
             entry = self._items.get(key)
             if entry is None:
                 found = self._build(namespace, name, metadata)
@@ -193,12 +201,13 @@ class TriggerCache:
             return problems_of(exc)
 
     def _keep(self, key: CacheKey, found: TriggerSpec | tuple[Problem, ...], size: int) -> None:
+        kept = size if isinstance(key[2], frozenset) else 0  # the map itself, as the key
         if isinstance(found, TriggerSpec):  # the parsed values: strings, and a tuple per item
             items = len(found.scrape_targets) + len(found.label_selector)
-            size = SPEC_OVERHEAD + 2 * size + ITEM_BYTES * items
-        else:  # what is kept is the cut problems, not the input
-            size = sum(len(path) + len(message) for path, message in found)
-        cost = ENTRY_OVERHEAD + len(key[0]) + len(key[1]) + size
+            kept += SPEC_OVERHEAD + 2 * size + ITEM_BYTES * items
+        else:  # the cut problems, not the input
+            kept += sum(len(path) + len(message) for path, message in found)
+        cost = ENTRY_OVERHEAD + len(key[0]) + len(key[1]) + kept
         self._items[key] = (found, cost)
         self._bytes += cost
         while self._items and (len(self._items) > self._capacity or self._bytes > self._max_bytes):
