@@ -444,3 +444,13 @@ async def test_a_good_answer_still_reads(hostile):
     outcome = await prometheus_once(hostile)
     assert isinstance(outcome.result, Signal), outcome.text
     assert outcome.result.waiting == pytest.approx(now)
+
+
+@pytest.mark.parametrize("encoding", [" ", "identity", "GZIP"])
+async def test_plain_and_gzip_bodies_still_read(hostile, encoding):
+    """An empty or `identity` Content-Encoding is no encoding; gzip (in any case) is inflated."""
+    data = VLLM.encode()
+    hostile.body = whole(gzip.compress(data) if encoding == "GZIP" else data, encoding=encoding)
+    outcome = await scrape_once(hostile)
+    assert isinstance(outcome.result, Signal), outcome.text
+    assert outcome.result.waiting is not None

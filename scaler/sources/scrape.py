@@ -93,7 +93,7 @@ class ScrapeSource:
         async with self._client.stream("GET", url, headers=ACCEPT, timeout=timeout_s) as response:
             if response.status_code != 200:
                 return f"HTTP {response.status_code}"
-            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            encoding = response.headers.get("content-encoding", "").strip().lower() or "identity"
             if encoding not in ("identity", "gzip"):
                 return f"Content-Encoding {encoding[:40]!r} refused (gzip or none is read)"
             body = bytearray()
