@@ -507,3 +507,47 @@ def test_build_info_names_the_package_version_and_python() -> None:
         {"version": metadata.version("gpu-queue-scaler"), "python": platform.python_version()},
     )
     assert value == 1.0
+
+
+async def test_a_running_scaler_serves_the_slo_and_build_info_on_metrics(start_server: Any) -> None:
+    """Through the real server: a vLLM workload scraped from a Service, with an SLO, shows in
+    /metrics as soon as KEDA has asked for it (its spec resolved), whether or not its pods could
+    be read; and queue_scaler_build_info is served."""
+    import asyncio
+    import contextlib
+    import urllib.request
+
+    import grpc
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.conftest import ref
+
+    server, client = await start_server(metrics_address="127.0.0.1:0")
+    metadata = {
+        "scalerAddress": "127.0.0.1:6000",
+        "backend": "vllm",
+        "service": "llama",
+        "metricsPort": "8000",
+        "queueTimeSloSeconds": "2.5",
+    }
+    # No cluster to discover the pods in: the RPC fails, and the SLO is exported all the same.
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        await asyncio.wait_for(client.evaluate(ref("llama", metadata)), 60)
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
+    slo = [
+        (dict(labels), value)
+        for (name, labels), value in samples.items()
+        if name == "queue_scaler_queue_time_slo_seconds"
+    ]
+    assert [(labels["namespace"], labels["service"], labels["le"], v) for labels, v in slo] == [
+        ("team-a", "llama", "2.5", 2.5)
+    ]
+    assert [name for name, _ in samples if name == "queue_scaler_build_info"] == [
+        "queue_scaler_build_info"
+    ]
