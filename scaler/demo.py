@@ -1,10 +1,11 @@
 """`scaler demo`: the main job on embedded defaults, the README's headline figures.
 
-It replays a real production trace shipped in `bench/traces` (Azure LLM inference 2023,
-conversation service, one hour, CC BY 4.0) at 20 superimposed copies against the simulated
-vLLM fleet (`scaler.sim`), under the five policies of `scaler bench replay` (always-on, an HPA on
-GPU utilization, KEDA's Prometheus scaler on queue depth, this scaler through the same `decide()`
-that serves KEDA, and an oracle), prints the SLO / GPU-hours / cost table and writes the plots.
+It replays a real production trace shipped inside the package (`scaler/data`: Azure LLM inference
+2023, conversation service, one hour, CC BY 4.0, its license next to it) at 20 superimposed
+copies against the simulated vLLM fleet (`scaler.sim`), under the five policies of `scaler bench
+replay` (always-on, an HPA on GPU utilization, KEDA's Prometheus scaler on queue depth, this
+scaler through the same `decide()` that serves KEDA, and an oracle), prints the SLO / GPU-hours /
+cost table and writes the plots.
 Deterministic (seed 0); about half a minute on two cores. `scaler bench replay` takes any trace.
 """
 
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from importlib import resources
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO_TRACE = ROOT / "bench/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
+# Package data, so the demo runs from an installed wheel in any folder, not only from a clone. A
+# wheel installs as files, so the resource is a real path (zip imports are not supported).
+DEMO_TRACE = Path(str(resources.files("scaler") / "data" / "AzureLLMInferenceTrace_conv.csv"))
 DEMO_SCALE = 20.0
 DEMO_COLD_START_S = 180.0
 DEMO_PLOTS = "demo-output"
@@ -35,8 +38,8 @@ def run_demo(
     trace = Path(trace)
     if not trace.is_file():
         print(
-            f"scaler demo: {trace} not found; the demo replays a trace bundled in bench/traces "
-            "(run it from a clone of the repository, or pass --trace FILE)",
+            f"scaler demo: {trace} not found (the demo's own trace ships in the package, "
+            "scaler/data; pass --trace FILE for another one)",
             file=sys.stderr,
         )
         return 2
@@ -47,10 +50,14 @@ def run_demo(
             file=sys.stderr,
         )
         plots = None
+    about = (
+        f" (Azure LLM inference trace 2023, CC BY 4.0: {DEMO_TRACE.with_suffix('.LICENSE')})"
+        if trace == DEMO_TRACE
+        else ""
+    )
     print(
-        f"Replaying {trace.name} (Azure LLM inference trace 2023, CC BY 4.0; see "
-        f"bench/traces/README.md) x{scale:g} on a simulated Llama-3-8B / A100 fleet, cold start "
-        f"{cold_start_s:g} s, under five autoscaling policies.\n",
+        f"Replaying {trace.name}{about} x{scale:g} on a simulated Llama-3-8B / A100 fleet, "
+        f"cold start {cold_start_s:g} s, under five autoscaling policies.\n",
         flush=True,
     )
     code = replay(
