@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ from hypothesis import HealthCheck, settings
 
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
-from scaler.engine import Workload
+from scaler.engine import Engine, Workload
 from scaler.kedaclient import KedaLikeClient, scaled_object
 from scaler.policy import Decision
 from scaler.server import ScalerServer
@@ -79,6 +81,48 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         for server in ("prometheus", "triton", "vllm"):
             await_install(server)
     return (yield)
+
+
+class ManualClock:
+    """Wall-clock and monotonic time that move only when the test moves them (`advance`), and the
+    sleep that waits for them: an Engine built with `engine()` ticks, times out idle workloads
+    and ages held targets on this clock, so a test counts in ticks what it used to time in
+    seconds, whatever the machine's speed. gRPC and the event loop still run in real time."""
+
+    TOLERANCE_S = 1e-6  # float sums of intervals land a hair off the tick grid
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self._start = start
+        self._elapsed = 0.0  # summed apart from `start`: sums of 0.1 s near 1.8e9 drift by ulps
+        self.now = start
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= self.TOLERANCE_S:
+            await asyncio.sleep(0)
+            return
+        woken = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self.now + seconds, next(self._order), woken))
+        await woken
+
+    def advance(self, seconds: float) -> None:
+        """Move time on and wake every sleeper whose time has come."""
+        self._elapsed += seconds
+        self.now = self._start + self._elapsed
+        while self._sleepers and self._sleepers[0][0] <= self.now + self.TOLERANCE_S:
+            _, _, woken = heapq.heappop(self._sleepers)
+            if not woken.done():  # a cancelled sleeper (a stopped loop) is skipped
+                woken.set_result(None)
+
+    def engine(self, store: ConfigStore, **kwargs: Any) -> Engine:
+        return Engine(store, clock=self.time, monotonic=self.monotonic, sleep=self.sleep, **kwargs)
 
 
 ServerFactory = Callable[..., Any]

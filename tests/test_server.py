@@ -7,7 +7,6 @@ import itertools
 import json
 import logging
 import math
-import time
 import urllib.error
 import urllib.request
 
@@ -23,15 +22,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from scaler._proto import externalscaler_pb2 as pb
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
-from scaler.engine import Engine, Segment, read_history
+from scaler.engine import Segment, read_history
 from scaler.policy import Decision
+from scaler.server import ScalerServer
 from scaler.signals import Signal
 from scaler.sources import SourceError
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec, resolve
-from tests.conftest import DecisionLog, poll, ref, synthetic
+from tests.conftest import DecisionLog, ManualClock, latest, poll, ref, synthetic
 
-STALL_RETRIES = 2  # runs repeated when a replica skipped a tick (see the test that uses it)
+TICK_WAIT_S = 30.0  # the most a test waits for one tick's decision (a timeout, not a claim)
 
 
 def constant_replicas(peak: float, service: float, target: float) -> int:
@@ -44,6 +44,25 @@ async def expect_error(call: object, code: grpc.StatusCode) -> str:
         await call  # type: ignore[misc]
     assert info.value.code() == code, info.value.details()
     return info.value.details() or ""
+
+
+async def step(
+    clock: ManualClock, interval: float, name: str, *servers: ScalerServer, ticks: int = 1
+) -> None:
+    """Move `clock` on by `ticks` evaluation intervals, one at a time, each time waiting
+    (bounded) until every server's workload `name` published its decision for the new tick."""
+    for _ in range(ticks):
+        before = [latest(server, name) for server in servers]
+        clock.advance(interval)
+
+        def all_ticked(before: list[Decision | None] = before) -> bool:
+            now = [latest(server, name) for server in servers]
+            return all(
+                d is not None and (b is None or d.at > b.at + interval / 2)
+                for b, d in zip(before, now, strict=True)
+            )
+
+        assert await poll(all_ticked, TICK_WAIT_S), f"no decision for the tick at {clock.now}"
 
 
 async def test_every_unary_rpc_returns_the_replica_target(start_server):
@@ -209,9 +228,13 @@ async def next_message(call: object, timeout: float) -> object:
     return await asyncio.wait_for(call.read(), timeout)  # type: ignore[attr-defined]
 
 
-async def test_stream_is_active_pushes_true_on_each_activation_and_never_false(start_server):
+async def test_stream_is_active_pushes_true_on_each_activation_and_never_false(
+    start_server, decision_log: DecisionLog
+):
     # A 1 s wave: busy for 0.5 s, then idle; idle window 0.2 s, so it turns inactive each period.
-    _, client = await start_server()
+    clock, interval = ManualClock(), 0.05
+    store = ConfigStore(Config(server=ServerSettings(evaluation_interval_s=interval)))
+    server, client = await start_server(store=store, engine=clock.engine(store))
     so = ref(
         "wave",
         synthetic(
@@ -222,12 +245,22 @@ async def test_stream_is_active_pushes_true_on_each_activation_and_never_false(s
         ),
     )
     call = client.stub.StreamIsActive(so)
-    received = []
-    deadline = time.monotonic() + 3.5
-    while time.monotonic() < deadline and len(received) < 3:
-        received.append(await next_message(call, 3.0))
+    received: list[object] = []
+
+    async def read_all() -> None:
+        while True:
+            received.append(await call.read())
+
+    reading = asyncio.ensure_future(read_all())
+    assert await poll(lambda: latest(server, "wave") is not None, TICK_WAIT_S)
+    await step(clock, interval, "wave", server, ticks=70)  # 3.5 periods
+    active = [d.active for d in decision_log.decisions if d.workload == "team-a/wave"]
+    activations = sum(now and not before for before, now in itertools.pairwise([False, *active]))
+    assert activations >= 3 and not all(active)  # it turned active in each period
+    assert await poll(lambda: len(received) >= activations, TICK_WAIT_S)
     call.cancel()
-    assert len(received) == 3, "expected a push on each activation (one per 1 s period)"
+    await asyncio.gather(reading, return_exceptions=True)
+    assert len(received) == activations, "expected one push per activation"
     assert all(message.result is True for message in received)
 
 
@@ -289,71 +322,55 @@ async def test_health_and_reflection(start_server):
     assert "grpc.health.v1.Health" in services
 
 
-def clean_until(decisions: list[Decision], interval: float) -> float:
-    """The last tick before the first one this replica skipped (a loop stalled past a tick
-    skips it), or infinity if it skipped none."""
-    ticks = sorted(d.at for d in decisions)
-    return next((a for a, b in itertools.pairwise(ticks) if b - a > 1.5 * interval), math.inf)
-
-
 async def test_two_replicas_started_apart_give_the_same_answers(
     start_server, decision_log: DecisionLog
 ):
-    """Warm start + wall-clock ticks: a replica that starts later agrees with one that ran, tick
-    for tick, as long as neither skipped a tick. (A loop stalled past a tick skips it, and its
-    windows then hold one decision fewer than a replica's that did not: the claim's documented
-    limit. A run where one did is repeated, at most STALL_RETRIES times.)"""
-    interval = 0.1
-    settings = ServerSettings(evaluation_interval_s=interval, first_decision_timeout_s=5.0)
-    period = 2.0
+    """Warm start: a replica that starts later agrees with one that ran, tick for tick. Both run
+    on one manual clock, moved a tick at a time once both decided the last one, so neither
+    skips a tick (a loop stalled past a tick skips it: the claim's documented limit)."""
+    clock, interval, period = ManualClock(), 0.1, 2.0
+    store = ConfigStore(Config(server=ServerSettings(evaluation_interval_s=interval)))
     metadata = synthetic(
         syntheticPattern="sine",
         syntheticPeriodSeconds=f"{period:g}",
         syntheticPeakRps="40",
         scaleDownStabilizationSeconds="1.5",
     )
-    stalls: list[float] = []
-    for attempt in range(STALL_RETRIES + 1):
-        name = f"sine-{attempt}"
-        so = ref(name, metadata)
-        _, client_a = await start_server(Config(server=settings))
-        await client_a.evaluate(so)
-        await asyncio.sleep(1.3)
-        # The second starts while the load falls (the sine peaks at a quarter of its period):
-        # there the first holds a higher need in its window, which a replica that did not
-        # replay that window would not, so a warm start that lost its state fails this test.
-        for _ in range(400):  # at most 2 s: the period
-            if 0.3 <= (time.time() % period) / period < 0.4:
-                break
-            await asyncio.sleep(0.005)
-        _, client_b = await start_server(Config(server=settings))
-        await client_b.evaluate(so)
-        await asyncio.sleep(3.0)
-        groups = decision_log.by_publisher(name)
-        assert len(groups) == 2, [len(g) for g in groups]  # one Workload per server
-        until = min(clean_until(group, interval) for group in groups)
-        seen_a, seen_b = ({round(d.at, 3): d.replicas for d in group} for group in groups)
-        common = sorted(t for t in set(seen_a) & set(seen_b) if t <= until)
-        if len(common) >= 10:
+    so = ref("sine", metadata)
+    server_a, client_a = await start_server(store=store, engine=clock.engine(store))
+    await client_a.evaluate(so)
+    await step(clock, interval, "sine", server_a, ticks=13)
+    # The second starts while the load falls (the sine peaks at a quarter of its period):
+    # there the first holds a higher need in its window, which a replica that did not replay
+    # that window would not, so a warm start that lost its state fails this test.
+    for _ in range(round(period / interval)):
+        if 0.3 <= (clock.now % period) / period < 0.4:
             break
-        stalls.append(until)
-    else:
-        pytest.skip(f"a replica skipped a tick in every run (last clean ticks: {stalls})")
+        await step(clock, interval, "sine", server_a)
+    server_b, client_b = await start_server(store=store, engine=clock.engine(store))
+    await client_b.evaluate(so)
+    await step(clock, interval, "sine", server_a, server_b, ticks=30)
+    groups = decision_log.by_publisher("sine")
+    assert len(groups) == 2, [len(g) for g in groups]  # one Workload per server
+    seen_a, seen_b = ({round(d.at, 3): d.replicas for d in group} for group in groups)
+    common = sorted(set(seen_a) & set(seen_b))
+    assert len(common) == 31, (sorted(seen_a), sorted(seen_b))  # B's first tick and 30 more
     assert {t: seen_a[t] for t in common} == {t: seen_b[t] for t in common}
     assert len({seen_a[t] for t in common}) > 1, "the load should have moved the target"
 
 
 async def test_workload_loop_stops_when_no_longer_asked_and_restarts(start_server):
-    settings = ServerSettings(
-        evaluation_interval_s=0.05,
-        workload_idle_timeout_s=1.0,
-        first_decision_timeout_s=5.0,
-    )
-    server, client = await start_server(Config(server=settings))
+    clock, interval, idle_s = ManualClock(), 0.25, 1.0
+    settings = ServerSettings(evaluation_interval_s=interval, workload_idle_timeout_s=idle_s)
+    store = ConfigStore(Config(server=settings))
+    server, client = await start_server(store=store, engine=clock.engine(store))
     so = ref("llama", synthetic())
     await client.evaluate(so)
     assert len(server.engine) == 1
-    assert await poll(lambda: len(server.engine) == 0, 6.0)
+    await step(clock, interval, "llama", server, ticks=round(idle_s / interval))  # 1 s: not idle
+    assert len(server.engine) == 1
+    clock.advance(interval)  # the first tick past the idle timeout ends the loop
+    assert await poll(lambda: len(server.engine) == 0, TICK_WAIT_S)
     assert (await client.evaluate(so)).value == 2.0
     assert len(server.engine) == 1
 
@@ -377,16 +394,18 @@ class FlakySource:
 
 
 class SlowHistorySource(FlakySource):
-    """Live reads answer at once; the history for the warm start takes `history_s`."""
+    """Live reads answer at once; the history for the warm start takes `history_s` of `clock`."""
 
-    def __init__(self, history_s: float) -> None:
+    def __init__(self, clock: ManualClock, history_s: float) -> None:
         super().__init__()
+        self.clock = clock
         self.history_s = history_s
 
     async def history(
         self, spec: WorkloadSpec, start: float, end: float, step: float
     ) -> list[Signal]:
-        await asyncio.sleep(self.history_s)
+        self.clock.advance(self.history_s)
+        self.history_s = 0.0  # the first read is the slow one
         return []
 
 
@@ -394,15 +413,20 @@ async def test_a_warm_start_slower_than_the_idle_timeout_still_answers_the_calle
     # The caller asked once and waits; the warm start outlasts workloadIdleTimeoutSeconds. The
     # loop must make its first decision before it can count as idle (it used to end with
     # UNAVAILABLE "no data"), then stop once nobody asks.
-    settings = ServerSettings(
-        evaluation_interval_s=0.05, workload_idle_timeout_s=0.2, first_decision_timeout_s=5.0
-    )
+    clock, interval = ManualClock(), 0.05
+    settings = ServerSettings(evaluation_interval_s=interval, workload_idle_timeout_s=0.2)
     store = ConfigStore(Config(server=settings))
-    source = SlowHistorySource(history_s=0.6)
-    server, client = await start_server(store=store, engine=Engine(store, sources=lambda _: source))
+    source = SlowHistorySource(clock, history_s=0.6)
+    engine = clock.engine(store, sources=lambda _: source)
+    server, client = await start_server(store=store, engine=engine)
     so = ref("llama", synthetic())
-    assert (await client.evaluate(so)).value == 5.0  # 40 in flight / 8
-    assert await poll(lambda: len(server.engine) == 0, 5.0)
+    # One call, as the first ask: it waits through the warm start (0.6 s of the engine's clock).
+    reply = await client.stub.GetMetrics(
+        pb.GetMetricsRequest(scaledObjectRef=so, metricName="synthetic-llama")
+    )
+    assert reply.metricValues[0].metricValueFloat == 5.0  # 40 in flight / 8
+    clock.advance(0.2 + interval)  # nobody asks for longer than the idle timeout
+    assert await poll(lambda: len(server.engine) == 0, TICK_WAIT_S)
 
 
 class SegmentedHistorySource(FlakySource):
@@ -469,48 +493,32 @@ async def test_a_failed_history_segment_cancels_the_other_read() -> None:
     assert source.in_flight_reads == 0
 
 
-async def wait_for_value(client, so, expected: float, seconds: float = 3.0) -> None:
-    deadline = time.monotonic() + seconds
-    value = None
-    while time.monotonic() < deadline:
-        try:
-            value = (await client.evaluate(so)).value
-        except grpc.aio.AioRpcError as exc:  # the next tick has not run yet
-            value = exc.code()
-        if value == expected:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"target stayed {value}, expected {expected}")
-
-
 async def test_fail_static_holds_the_last_target_then_hands_over_to_keda_fallback(start_server):
+    clock, interval, stale_s = ManualClock(), 0.25, 2.1  # off the tick grid: no tie
     source = FlakySource()
-    settings = ServerSettings(
-        evaluation_interval_s=0.05, stale_target_s=2.0, first_decision_timeout_s=5.0
-    )
+    settings = ServerSettings(evaluation_interval_s=interval, stale_target_s=stale_s)
     store = ConfigStore(Config(server=settings))
-    server, client = await start_server(store=store, engine=Engine(store, sources=lambda _: source))
+    engine = clock.engine(store, sources=lambda _: source)
+    server, client = await start_server(store=store, engine=engine)
     so = ref("llama", synthetic())
     assert (await client.evaluate(so)).value == 5.0  # 40 in flight / 8
     source.fail = True
-    await asyncio.sleep(0.2)
-    held = await client.evaluate(so)
-    assert (held.value, held.active) == (5.0, True)  # never lowered, still active
-    decision = next(server.engine.decisions())
-    assert decision.reason.value == "hold" and "refused" in decision.faults[0]
-    deadline = time.monotonic() + 8
-    while time.monotonic() < deadline:
-        try:
-            await client.evaluate(so)
-        except grpc.aio.AioRpcError as exc:
-            assert exc.code() == grpc.StatusCode.UNAVAILABLE
-            assert "refused" in (exc.details() or "")
-            break
-        await asyncio.sleep(0.05)
-    else:
-        raise AssertionError("the held target never expired")
+    # Held while the last good target is younger than staleTargetSeconds: never lowered.
+    for _ in range(int(stale_s / interval)):
+        await step(clock, interval, "llama", server)
+        held = await client.evaluate(so)
+        assert (held.value, held.active) == (5.0, True)  # never lowered, still active
+        decision = next(server.engine.decisions())
+        assert decision.reason.value == "hold" and "refused" in decision.faults[0]
+    # Then it is no target at all: KEDA's fallback takes over, told why.
+    clock.advance(interval)
+    assert await poll(lambda: latest(server, "llama") is None, TICK_WAIT_S)
+    details = await expect_error(client.stub.IsActive(so), grpc.StatusCode.UNAVAILABLE)
+    assert "refused" in details
     source.fail, source.in_flight = False, 80.0
-    await wait_for_value(client, so, 10.0, seconds=1.0)  # recovers within a few ticks
+    clock.advance(interval)  # recovers at the next tick
+    assert await poll(lambda: latest(server, "llama") is not None, TICK_WAIT_S)
+    assert (await client.evaluate(so)).value == 10.0
 
 
 LLAMA_LABELS = (("metric", "synthetic-llama"), ("namespace", "team-a"), ("scaledobject", "llama"))
@@ -572,23 +580,22 @@ class BuggySource(FlakySource):
 
 
 async def test_a_source_bug_holds_the_target_instead_of_killing_the_loop(start_server):
+    clock, interval = ManualClock(), 0.25
     source = BuggySource()
-    settings = ServerSettings(evaluation_interval_s=0.05, first_decision_timeout_s=5.0)
-    store = ConfigStore(Config(server=settings))
-    server, client = await start_server(store=store, engine=Engine(store, sources=lambda _: source))
+    store = ConfigStore(Config(server=ServerSettings(evaluation_interval_s=interval)))
+    engine = clock.engine(store, sources=lambda _: source)
+    server, client = await start_server(store=store, engine=engine)
     so = ref("llama", synthetic())
     assert (await client.evaluate(so)).value == 5.0
     source.fail = True
-    await asyncio.sleep(0.3)
+    await step(clock, interval, "llama", server)
     decision = next(server.engine.decisions())
     assert decision.reason.value == "hold" and "a bug in a source" in decision.faults[0]
     assert (await client.evaluate(so)).value == 5.0
     source.fail, source.in_flight = False, 16.0
-    for _ in range(60):  # recovers at the next tick: stabilization keeps 5 while 2 are needed
-        decision = next(server.engine.decisions())
-        if decision.reason.value != "hold":
-            break
-        await asyncio.sleep(0.05)
+    await step(clock, interval, "llama", server)  # recovers at the next tick
+    decision = next(server.engine.decisions())
+    # Stabilization keeps 5 while 2 are needed.
     assert (decision.reason.value, decision.replicas) == ("stabilization", 5)
 
 
@@ -618,14 +625,18 @@ async def test_decisions_endpoint_explains_each_target(start_server):
 
 
 async def test_forecast_is_exported_next_to_the_decision(start_server):
-    server, client = await start_server(metrics_address="127.0.0.1:0")
+    clock, interval = ManualClock(), 0.25
+    store = ConfigStore(Config(server=ServerSettings(evaluation_interval_s=interval)))
+    server, client = await start_server(
+        store=store, engine=clock.engine(store), metrics_address="127.0.0.1:0"
+    )
     so = ref("llama", synthetic(forecast="on", forecastStepSeconds="1", horizonSeconds="5"))
     await client.evaluate(so)
-    for _ in range(60):  # the first outlook comes when the first 1 s bin closes
+    for _ in range(round(1 / interval) + 1):  # the first outlook comes when the first bin closes
         decision = next(server.engine.decisions())
         if decision.outlook is not None:
             break
-        await asyncio.sleep(0.05)
+        await step(clock, interval, "llama", server)
     assert decision.outlook is not None
     # Constant load: the forecaster learns the offered load, 6 req/s x 2 s / 8 (the queue is not
     # demand), while the need now also holds what waits: 15 in flight / 8.
