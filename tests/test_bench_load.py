@@ -7,7 +7,6 @@ import asyncio
 import gc
 import json
 import os
-import time
 from collections import Counter
 from itertools import pairwise
 
@@ -32,7 +31,7 @@ from scaler.signals import Signal
 from scaler.sources.synthetic import SyntheticSource
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec
-from tests.conftest import run_bench, synthetic
+from tests.conftest import ManualClock, poll, run_bench, synthetic
 
 SUMMARY_KEYS = {"p50_ms", "p99_ms", "calls_per_s", "errors", "server_cpu_s"}
 FAST = ["--polling-interval", "1", "--hpa-interval", "0.5", "--sample-interval", "1"]
@@ -202,33 +201,32 @@ def test_ticks_on_a_phased_grid() -> None:
 
 async def test_a_workload_ticks_at_its_phase_and_decides_at_once() -> None:
     """The first decision comes at once, on the last tick of the workload's grid at or before
-    now; then one per interval on that grid."""
+    now (the engine's clock does not move until the test moves it: a decision that waited for
+    a later tick would never come); then one per interval on that grid."""
     interval = 0.2
+    clock = ManualClock(start=1_800_000_000.05)
     store = ConfigStore(Config(server=ServerSettings(evaluation_interval_s=interval)))
-    engine = Engine(store)
+    engine = clock.engine(store)
     trigger = parse_trigger("team-a", "phased", synthetic(syntheticPattern="constant"))
-    start = time.time()
-    decision = await engine.decision(trigger)
-    assert time.time() - start < 1.0
     phase = phase_of((trigger.namespace, trigger.name, trigger.metric_name))
-    assert start - interval < decision.at <= time.time()
-    ats = set()
-    for _ in range(100):
-        workload = engine.touch(trigger)
-        if workload.decision is not None:
-            ats.add(workload.decision.at)
-        if len(ats) >= 3:
-            break
-        await asyncio.sleep(0.02)
-    await engine.close()
-    assert len(ats) >= 3
+    try:
+        decision = await asyncio.wait_for(engine.decision(trigger), 30)
+        assert decision.at == pytest.approx(tick_at_or_before(clock.now, interval, phase))
+        ats = [decision.at]
+        for _ in range(3):
+            clock.advance(interval)
+            workload = engine.touch(trigger)
+            assert workload is not None
+            assert await poll(lambda w=workload: w.decision.at > ats[-1], 30), "no next tick"
+            ats.append(workload.decision.at)
+    finally:
+        await engine.close()
     for at in ats:
         k = (at - phase * interval) / interval
         assert k == pytest.approx(round(k), abs=1e-6), (at, phase)
-    # One decision per tick of the grid; a loop stalled past a tick skips it (the next tick is
-    # the latest at or before now), so gaps are whole intervals, never less than one.
-    gaps = [(b - a) / interval for a, b in pairwise(sorted(ats))]
-    assert all(g >= 1 - 1e-6 and g == pytest.approx(round(g), abs=1e-6) for g in gaps), gaps
+    # One decision per tick of the grid, one interval apart.
+    gaps = [(b - a) / interval for a, b in pairwise(ats)]
+    assert gaps == pytest.approx([1.0, 1.0, 1.0], abs=1e-6), gaps
 
 
 async def test_a_burst_of_new_workloads_gets_first_decisions_in_the_order_it_came(
@@ -287,6 +285,7 @@ class HeldHistorySource:
         self.synthetic = SyntheticSource()
         self.release = asyncio.Event()
         self.held = held
+        self.holding = 0  # history reads waiting for `release`
 
     async def read(self, spec: WorkloadSpec, at: float) -> Signal:
         return await self.synthetic.read(spec, at)
@@ -295,6 +294,7 @@ class HeldHistorySource:
         self, spec: WorkloadSpec, start: float, end: float, step: float
     ) -> list[Signal]:
         if spec.trigger.name.startswith(self.held):
+            self.holding += 1
             await self.release.wait()
         return await self.synthetic.history(spec, start, end, step)
 
@@ -313,13 +313,15 @@ async def test_a_warm_start_whose_history_read_hangs_does_not_hold_up_the_others
     fast = [parse_trigger("team-a", f"fast-{i}", trigger_metadata(i)) for i in range(5)]
     for trigger in slow:
         engine.touch(trigger)
-    await asyncio.sleep(0.05)  # the slow ones are first in line
     try:
-        decisions = await asyncio.wait_for(asyncio.gather(*(engine.decision(t) for t in fast)), 10)
+        assert await poll(lambda: source.holding >= 2, 30)  # the slow ones are first in line
+        # Bounded waits (30 s), not claims of speed: the fast ones get their turn once the slow
+        # reads outlast HISTORY_PATIENCE_S.
+        decisions = await asyncio.wait_for(asyncio.gather(*(engine.decision(t) for t in fast)), 30)
         assert all(d.replicas >= 1 for d in decisions)
         assert not any(engine.touch(t).first.is_set() for t in slow)  # still reading
         source.release.set()
-        later = await asyncio.wait_for(asyncio.gather(*(engine.decision(t) for t in slow)), 10)
+        later = await asyncio.wait_for(asyncio.gather(*(engine.decision(t) for t in slow)), 30)
         assert all(d.replicas >= 1 for d in later)
     finally:
         source.release.set()
