@@ -55,15 +55,15 @@ async def test_triton_capture_gives_the_queue():
 
 
 async def test_a_pod_that_times_out_is_left_out_while_others_count():
-    with MetricsEndpoint(VLLM) as fast, MetricsEndpoint(VLLM, delay_s=3.0) as slow:
+    # The slow pod answers only when the test ends (an hour's delay, cut short at stop): a read
+    # that returns at all is bounded by the scrape timeout, not by the slow pod.
+    with MetricsEndpoint(VLLM) as fast, MetricsEndpoint(VLLM, delay_s=3600.0) as slow:
         source = ScrapeSource()
         spec = spec_for([fast.target, slow.target], model="tiny-llama", scrapeTimeoutSeconds="0.3")
-        started = time.monotonic()
         try:
-            signal = await source.read(spec, 0.0)
+            signal = await asyncio.wait_for(source.read(spec, 0.0), 60)
         finally:
             await source.close()
-    assert time.monotonic() - started < 2.0  # bounded by the timeout, not by the slow pod
     assert signal.waiting == 14.0 and signal.ready_pods == 1
     assert any(slow.target in r and "timed out" in r for r in signal.reasons)
 
