@@ -58,6 +58,7 @@ class CapacitySpec:
     target_concurrency: float
     service_time_s: float | None = None
     queue_time_slo_s: float | None = None
+    slo_attainment: float = 0.99  # share of requests within queue_time_slo_s (the objective)
     kv_cache_target: float | None = None
     prefill_tokens_per_s: float | None = None  # per replica at its target load
     decode_tokens_per_s: float | None = None
@@ -129,6 +130,22 @@ def loaded_service_time(signal: Signal, spec: CapacitySpec) -> float | None:
     if signal.waiting is None or signal.waiting >= 1.0 or (signal.running or 0.0) < 1.0:
         return None
     return service_time(signal, spec)
+
+
+def measured_service_time(signal: Signal) -> float | None:
+    """The S the servers show at this tick's batch, for the policy's fit of S against the batch
+    (`policy.operating_service_time`): reported, else Little's law on the running requests while
+    nothing waits (a saturated fleet's running count is capped by its slots)."""
+    reported = signal.service_time_s
+    if reported is not None and math.isfinite(reported) and reported > 0:
+        return reported
+    running, rate = signal.running, signal.arrival_rate
+    if signal.waiting is None or signal.waiting >= 1.0 or running is None or running < 1.0:
+        return None
+    if rate is None or rate < MIN_RATE:
+        return None
+    measured = running / rate
+    return measured if math.isfinite(measured) else None
 
 
 @dataclass(frozen=True)
@@ -225,13 +242,25 @@ def queue_term(
     return queue, flow / spec.target_concurrency
 
 
-def need(signal: Signal, spec: CapacitySpec, fleet: Fleet | None = None) -> Need | None:
-    """Replicas needed for this signal, or None when no term can be computed."""
+def need(
+    signal: Signal,
+    spec: CapacitySpec,
+    fleet: Fleet | None = None,
+    operating_s: float | None = None,
+) -> Need | None:
+    """Replicas needed for this signal, or None when no term can be computed. `operating_s`: S
+    at the operating point (a replica holding targetConcurrency requests, fitted by the policy
+    from the servers' own counters); without a configured S it stands for the S this signal
+    shows, which moves with the fleet's own size (see `policy.operating_service_time`)."""
     per_replica = spec.target_concurrency
     terms: dict[str, float] = {}
     in_flight = signal.in_flight
-    s = service_time(signal, spec)
-    loaded = loaded_service_time(signal, spec)
+    if spec.service_time_s is None and operating_s is not None:
+        s: float | None = operating_s
+        loaded: float | None = operating_s
+    else:
+        s = service_time(signal, spec)
+        loaded = loaded_service_time(signal, spec)
     queued = queue_term(signal, spec, fleet, loaded) if fleet is not None else None
     steady_queue: float | None = None
     if queued is not None:

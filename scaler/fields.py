@@ -511,6 +511,19 @@ FIELDS: tuple[Field, ...] = (
         "need is at least what serves arrivals and drains the queue within it. Unset: off.",
     ),
     Field(
+        "sloAttainment",
+        Scope.TUNING,
+        real(0.5, 0.9999),
+        0.99,
+        "a number from 0.5 to 0.9999",
+        "Share of requests that should wait at most queueTimeSloSeconds: the objective the "
+        "decision meets at the fewest GPU-hours. With queueTimeSloSeconds set, a closed loop "
+        "raises the headroom over the need (up to 1.6x) while the servers' queue-time p99 "
+        "exceeds the SLO and lowers it slowly while it does not, so late windows settle at "
+        "(1 - this share) of the time. Higher buys fewer late requests with more idle slots; "
+        "lower, the reverse.",
+    ),
+    Field(
         "prefillTokensPerSecond",
         Scope.TUNING,
         real(0, 1e9, lo_open=True),

@@ -9,7 +9,11 @@ The rule, in the order `decide` applies it (each step names itself as the decisi
 1. need = the capacity model's replicas needed now (`scaler.capacity`). With a count of ready
    pods from the source, the queue is counted where a replica asked now would find it: the
    replicas asked for within the horizon and not yet ready, and the queue they will drain, are
-   not asked for again (`fleet`, `capacity.Fleet`);
+   not asked for again (`fleet`, `capacity.Fleet`). S is the one at the operating point (a
+   replica holding targetConcurrency requests), fitted against the batch from the servers' own
+   counters (`operating_service_time`), not the S the fleet's current size produces; and the
+   need carries a headroom set in closed loop on the attainment measured
+   (`closed_loop_headroom`: queue-time p99 against queueTimeSloSeconds, sloAttainment);
 2. current_need / stabilization: the target is ceil(need); it rises at once, and falls only to
    the highest need seen within scaleDownStabilizationSeconds;
 3. forecast: with `forecast: on`, the target also covers the q90 forecast of need within the
@@ -60,6 +64,27 @@ QUEUE_TREND_MIN_SPAN_S = 5.0
 SERVICE_TIME_WINDOW_S = 600.0
 SERVICE_TIME_BUCKET_S = 60.0
 SERVICE_TIME_BUCKETS = round(SERVICE_TIME_WINDOW_S / SERVICE_TIME_BUCKET_S)
+# The target sizes from S at the operating point: a line S = alpha + beta x b fitted over this
+# window to the (running per ready replica b, loaded S) the servers report, evaluated at
+# b = targetConcurrency. Continuous batching makes S grow about linearly with the batch (each
+# decode step costs a fixed part plus a part per sequence), so a short fleet reads a long S and
+# a large one a short S; sized from the S it reads, the fleet would chase its own size. Over ten
+# minutes a fleet's batch moves enough to show the slope; with too little spread the ridge
+# (FIT_RIDGE x the mean batch, as a spread of the batch) shrinks the slope toward the mean S.
+SERVICE_FIT_WINDOW_S = 600.0
+SERVICE_FIT_BUCKETS = round(SERVICE_FIT_WINDOW_S / SERVICE_TIME_BUCKET_S)
+SERVICE_FIT_MIN_TICKS = 6
+FIT_RIDGE = 0.02
+# Headroom over the need, in closed loop on the attainment measured: while the servers' queue
+# time p99 (the share 0.99 of requests; the quantile the queue-time histograms give) exceeds
+# queueTimeSloSeconds, log(headroom) rises at HEADROOM_RISE_PER_S; while it does not, it falls at
+# HEADROOM_RISE_PER_S x (1 - sloAttainment) / sloAttainment, so it settles where late windows
+# are a (1 - sloAttainment) share of the time. Fast up (a minute of late requests adds ~30%),
+# slow down (an hour on time takes off ~15% at 0.99): a miss costs requests, a spare slot only
+# GPU time. Bounded to [1, HEADROOM_MAX]; a gap between ticks counts at most HEADROOM_MAX_DT_S.
+HEADROOM_RISE_PER_S = 0.0045
+HEADROOM_MAX = 1.6
+HEADROOM_MAX_DT_S = 60.0
 
 
 class Reason(StrEnum):
@@ -130,6 +155,12 @@ class PolicyState(NamedTuple):
     queue_seen: tuple[tuple[float, float, int], ...] = ()
     # The loaded S seen per bucket within SERVICE_TIME_WINDOW_S: (bucket, sum, ticks).
     service_seen: tuple[tuple[int, float, int], ...] = ()
+    # Sums for the fit of S against the batch per bucket within SERVICE_FIT_WINDOW_S:
+    # (bucket, ticks, sum b, sum S, sum b^2, sum b x S).
+    service_fit: tuple[tuple[int, int, float, float, float, float], ...] = ()
+    # log(headroom) of the closed loop on measured attainment, and the tick it was last moved.
+    headroom_log: float = 0.0
+    headroom_at: float | None = None
 
 
 def _within(t: float, start: float) -> bool:
@@ -210,7 +241,52 @@ def policy_memory_s(spec: WorkloadSpec) -> float:
         PANIC_HOLD_S,
         SCALE_DOWN_PERIOD_S,
         QUEUE_TREND_WINDOW_S,
+        SERVICE_FIT_WINDOW_S,  # the operating point's S sizes the target
     )  # not SERVICE_TIME_WINDOW_S: see observe_service_time
+
+
+Fit = tuple[tuple[int, int, float, float, float, float], ...]
+
+
+def observe_service_fit(fit: Fit, signal: Signal, s: float | None, at: float) -> Fit:
+    """Add this tick's (running per ready replica, loaded S) to its bucket, when both are known
+    (a replica running at least one request); keep the buckets within SERVICE_FIT_WINDOW_S."""
+    bucket = math.floor((at + TICK_TOLERANCE_S) / SERVICE_TIME_BUCKET_S)
+    first = bucket - SERVICE_FIT_BUCKETS + 1
+    kept = [b for b in fit if b[0] >= first]
+    running, ready = signal.running, signal.ready_pods
+    if s is not None and math.isfinite(s) and s > 0 and running is not None and ready:
+        batch = running / ready
+        if math.isfinite(batch) and batch >= 1.0:
+            point = (1, batch, s, batch * batch, batch * s)
+            if kept and kept[-1][0] == bucket:
+                _, n, sb, ss, sbb, sbs = kept[-1]
+                kept[-1] = (bucket, n + 1, sb + batch, ss + s, sbb + point[3], sbs + point[4])
+            else:
+                kept.append((bucket, *point))
+    return tuple(kept)
+
+
+def operating_service_time(fit: Fit, target_concurrency: float) -> tuple[float, float] | None:
+    """(S at b = targetConcurrency, the slope per request of batch) from the fit, or None with
+    fewer than SERVICE_FIT_MIN_TICKS points. The slope is kept within what a server can do:
+    never negative (a larger batch never serves a request faster) and never above mean S / mean
+    b (S proportional to the batch: a replica that gains no throughput from batching)."""
+    n, sb, ss, sbb, sbs = 0, 0.0, 0.0, 0.0, 0.0
+    for _bucket, b_n, b_sb, b_ss, b_sbb, b_sbs in fit:
+        n += b_n
+        sb += b_sb
+        ss += b_ss
+        sbb += b_sbb
+        sbs += b_sbs
+    if n < SERVICE_FIT_MIN_TICKS:
+        return None
+    mean_b, mean_s = sb / n, ss / n
+    var_b = max(0.0, sbb / n - mean_b * mean_b)
+    cov = sbs / n - mean_b * mean_s
+    ridge = (FIT_RIDGE * mean_b) ** 2
+    slope = min(max(0.0, cov / (var_b + ridge)), mean_s / mean_b)
+    return mean_s + slope * (target_concurrency - mean_b), slope
 
 
 def observe_service_time(
@@ -239,6 +315,24 @@ def steady_service_time(seen: tuple[tuple[int, float, int], ...]) -> float | Non
         total += s_sum
         ticks += s_ticks
     return total / ticks if ticks else None
+
+
+def closed_loop_headroom(
+    spec: WorkloadSpec, signal: Signal, state: PolicyState, at: float
+) -> tuple[float, bool | None]:
+    """The next log(headroom) and whether this tick's window was late (None: not measured, no
+    queueTimeSloSeconds or no queue-time quantile). See HEADROOM_RISE_PER_S. It moves slowly and
+    is not replayed tick for tick (not in `policy_memory_s`): a replica that just started holds
+    the headroom it learns from then on, as with the forecaster's warm start."""
+    slo, measured = spec.capacity.queue_time_slo_s, signal.queue_time_p99_s
+    if slo is None or measured is None or not math.isfinite(measured):
+        return state.headroom_log, None
+    last = state.headroom_at
+    dt = min(HEADROOM_MAX_DT_S, at - last) if last is not None else 0.0
+    late = measured > slo
+    share = spec.capacity.slo_attainment
+    rate = HEADROOM_RISE_PER_S if late else -HEADROOM_RISE_PER_S * (1.0 - share) / share
+    return min(math.log(HEADROOM_MAX), max(0.0, state.headroom_log + rate * max(0.0, dt))), late
 
 
 def observe_queue(
@@ -319,17 +413,25 @@ def decide(
         return hold(state, at, stale_s, faults + gone + named), state
     seen = observe_queue(state.queue_seen, signal, at)
     ahead_of = fleet(spec, signal, state, at, seen)
-    required = capacity.need(signal, spec.capacity, ahead_of)
+    service_fit = observe_service_fit(
+        state.service_fit, signal, capacity.measured_service_time(signal), at
+    )
+    operating = operating_service_time(service_fit, spec.target_concurrency)
+    required = capacity.need(
+        signal, spec.capacity, ahead_of, operating[0] if operating is not None else None
+    )
     if required is None:
         reasons = faults + signal.reasons
         return hold(state, at, stale_s, reasons or ("no in-flight or arrival signal",)), state
 
-    need = required.replicas
+    headroom_log, late = closed_loop_headroom(spec, signal, state, at)
+    headroom = math.exp(headroom_log)
+    need = required.replicas * headroom
     now_replicas = max(0, math.ceil(need - EPSILON))
     service_seen = observe_service_time(state.service_seen, required.loaded_s, at)
     # The window remembers the steady need (without a backlog's drain), so the replicas a
     # drain keeps busy go once the queue is gone, not a whole window later.
-    lasting = max(0, math.ceil(required.steady - EPSILON))
+    lasting = max(0, math.ceil(required.steady * headroom - EPSILON))
     recent = state.recent
     if state.first_at is None and signal.ready_pods:
         # A fresh state has no window behind it: like the HPA, which seeds its recommendation
@@ -356,7 +458,19 @@ def decide(
     reason = Reason.CURRENT_NEED if target == now_replicas else Reason.STABILIZATION
     detail = ""
     if explain:
-        detail = f"{required.describe()} -> {now_replicas}"
+        detail = required.describe()
+        if headroom_log > 0.0 or late:
+            measured = (
+                "not measured now"
+                if late is None
+                else f"queue p99 {signal.queue_time_p99_s:.2f}s {'>' if late else '<='} SLO "
+                f"{spec.capacity.queue_time_slo_s:g}s"
+            )
+            detail += (
+                f" x headroom {headroom:.2f} ({measured}; "
+                f"sloAttainment {spec.capacity.slo_attainment:g})"
+            )
+        detail += f" -> {now_replicas}"
         if ahead_of.pending:
             detail += f" ({ahead_of.pending:g} asked, serving in {ahead_of.pending_in_s:.0f}s)"
         if reason is Reason.STABILIZATION:
@@ -436,7 +550,11 @@ def decide(
         faults=faults + signal.reasons,
         signal=signal,
         outlook=ahead,
-        offered=capacity.offered(signal, spec.capacity, steady_service_time(service_seen)),
+        offered=capacity.offered(
+            signal,
+            spec.capacity,
+            required.loaded_s if operating is not None else steady_service_time(service_seen),
+        ),
     )
     raised = last is None or target > last.replicas
     return decision, PolicyState(
@@ -451,4 +569,7 @@ def decide(
         panic_peak=max(state.panic_peak, target) if panic_until is not None else 0,
         queue_seen=seen,
         service_seen=service_seen,
+        service_fit=service_fit,
+        headroom_log=headroom_log,
+        headroom_at=at if late is not None else state.headroom_at,
     )

@@ -101,6 +101,7 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
             target_concurrency=merged["targetConcurrency"],
             service_time_s=merged["serviceTimeSeconds"],
             queue_time_slo_s=merged["queueTimeSloSeconds"],
+            slo_attainment=merged["sloAttainment"],
             kv_cache_target=merged["kvCacheTarget"],
             prefill_tokens_per_s=merged["prefillTokensPerSecond"],
             decode_tokens_per_s=merged["decodeTokensPerSecond"],

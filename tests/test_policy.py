@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from scaler.config import Config
@@ -838,3 +840,111 @@ def outlook_of(q90: float) -> Outlook:
 def without_detail(state: PolicyState) -> PolicyState:
     last = state.last_good
     return state._replace(last_good=None if last is None else last._replace(detail=""))
+
+
+# --- the need at the operating point ------------------------------------------------------------
+
+
+def batched(at: float, arrival: float, alpha: float, beta: float, ready: int) -> Signal:
+    """What a fleet of `ready` replicas shows in steady state under continuous batching, where a
+    request holds a slot S(b) = alpha + beta x b at b requests per replica: b = arrival x S(b) /
+    ready, so b = arrival x alpha / (ready - arrival x beta)."""
+    batch = arrival * alpha / (ready - arrival * beta)
+    return Signal(
+        at=at,
+        source="t",
+        waiting=0.0,
+        running=batch * ready,
+        arrival_rate=arrival,
+        ready_pods=ready,
+        service_time_s=alpha + beta * batch,
+    )
+
+
+NEED_TOLERANCE = 0.05  # the ridge shrinks the slope by var / (var + ridge): a few percent here
+
+
+@settings(PROPERTIES, max_examples=30)
+@given(
+    alpha=st.floats(2.0, 20.0),
+    growth=st.floats(0.2, 3.0),  # S at the operating point over S of a lone request, less one
+    arrival=st.floats(10.0, 60.0),
+    sizes=st.lists(st.floats(1.15, 3.0), min_size=2, max_size=6, unique=True),
+    last=st.tuples(st.floats(1.15, 3.0), st.floats(1.15, 3.0)),
+)
+def test_the_same_offered_load_read_from_fleets_of_any_size_gives_the_same_need(
+    alpha: float,
+    growth: float,
+    arrival: float,
+    sizes: list[float],
+    last: tuple[float, float],
+) -> None:
+    """A short fleet batches more, so each request holds its slot longer: sized from the S it
+    reads, the need would move with the fleet's own size. Sized from S at the operating point
+    (fitted against the batch), fleets of 1.15x to 3x the need read the same need."""
+    target = 40.0
+    beta = growth * alpha / target
+    expected = arrival * (alpha + beta * target) / target
+    spec = make_spec(targetConcurrency=target, scaleDownStabilizationSeconds=0)
+
+    def fleet_of(share: float) -> int:
+        return max(1, math.ceil(share * expected + arrival * beta))
+
+    assume(max(sizes) - min(sizes) >= 0.5 and expected >= 4.0)
+    state = PolicyState()
+    for i in range(60):  # ten minutes of 10 s ticks, the fleet's size moving every minute
+        at = T0 + 10.0 * i
+        size = fleet_of(sizes[(i // 6) % len(sizes)])
+        _, state = decide(spec, batched(at, arrival, alpha, beta, size), state, at, STALE)
+    needs = []
+    for share in last:
+        at = T0 + 600.0
+        signal = batched(at, arrival, alpha, beta, fleet_of(share))
+        decision, _ = decide(spec, signal, state, at, STALE)
+        assert decision is not None and decision.need is not None
+        needs.append(decision.need)
+    assert needs[0] == pytest.approx(needs[1], rel=NEED_TOLERANCE)
+    assert needs[0] == pytest.approx(expected, rel=NEED_TOLERANCE)
+
+
+# --- headroom in closed loop on measured attainment ---------------------------------------------
+
+
+@pytest.mark.parametrize("share", [0.95, 0.99])
+def test_closed_loop_attainment_converges_to_its_target(share: float) -> None:
+    """A synthetic trace with a known answer: the servers show a steady need of 10 replicas, but
+    the demand each window meets is uniform in 8-12 replicas, so a window is late (queue p99
+    above the SLO) when the demand exceeds the target the scaler set before it. Without
+    headroom half the windows are late. The closed loop moves log(headroom) up by a fixed rate
+    in late windows and down by (1 - share) / share of it in others, so over a long run (its
+    bounds not reached) the on-time share is `share`, whatever the demand's spread."""
+    import random
+
+    spec = make_spec(
+        queueTimeSloSeconds=2,
+        sloAttainment=share,
+        scaleDownStabilizationSeconds=0,
+        scaleToZeroIdleSeconds=86400,
+    )
+    draw = random.Random(7)
+    state, target, on_time, windows = PolicyState(), 10, 0, 0
+    for i in range(30_000):  # ~3.5 days of 10 s ticks
+        at = T0 + 10.0 * i
+        late = draw.uniform(8.0, 12.0) > target
+        if i >= 3_000:  # after the loop has found its level
+            windows += 1
+            on_time += not late
+        signal = Signal(
+            at=at,
+            source="t",
+            running=80.0,
+            waiting=0.0,
+            queue_time_p99_s=3.0 if late else 0.5,
+        )
+        decision, state = decide(spec, signal, state, at, STALE, explain=False)
+        assert decision is not None
+        target = decision.replicas
+    assert on_time / windows == pytest.approx(share, abs=0.003)
+    assert 1.0 < math.exp(state.headroom_log) <= 1.2 + 1e-9  # 11-12 replicas, never the bound
+    explained, _ = decide(spec, signal, state, at + 10.0, STALE)
+    assert explained is not None and "headroom" in explained.detail
