@@ -364,8 +364,13 @@ def requests_per_read(spec: WorkloadSpec) -> int:
     return len(combined_groups(queries))
 
 
+# A query that never answers while the test runs (the fake's wait ends when it stops): a read
+# that returns at all was ended by its own timeout, which `read` bounds.
+HUNG_S = 3600.0
+
+
 async def read(source: PrometheusSource, spec: WorkloadSpec, at: float = 1000.0) -> Any:
-    """One read, bounded: the read's own deadline plus slack."""
+    """One read, bounded: the read's own deadline plus slack (TimeoutError past it)."""
     return await asyncio.wait_for(source.read(spec, at), timeout=spec.read_deadline_s + 10)
 
 
@@ -477,25 +482,20 @@ async def test_a_stale_newest_sample_fails_the_read(prometheus: Any) -> None:
 
 
 async def slow_read(prometheus: Any) -> Any:
-    """`waiting` and `running` take 8 s against a 0.5 s query timeout; the rest answer at once.
-    Two reads, each timed: the first asks for the signals combined, so the slow queries hold up
+    """`waiting` and `running` never answer (HUNG_S) against a 0.5 s query timeout; the rest
+    answer at once. Two reads, each bounded by `read` (a read that waited for the hung queries
+    would time out there): the first asks for the signals combined, so the slow queries hold up
     the ones they share a request with; the second asks one query per signal."""
-    slow = Answer(delay_s=8.0)
+    slow = Answer(delay_s=HUNG_S)
     server, spec = await start_with(
         prometheus, {"waiting": slow, "running": slow}, queryTimeoutSeconds="0.5"
     )
     source = PrometheusSource(server.url)
-    timed = []
-    for at in (1000.0, 1010.0):
-        started = time.monotonic()
-        signal = await read(source, spec, at)
-        timed.append((signal, time.monotonic() - started))
-    return timed
+    return [await read(source, spec, at) for at in (1000.0, 1010.0)]
 
 
 async def test_a_slow_query_leaves_its_field_missing_in_bounded_time(prometheus: Any) -> None:
-    (first, first_s), (second, second_s) = await slow_read(prometheus)
-    assert first_s < 3 * 0.5 + 2 and second_s < 3 * 0.5 + 2
+    first, second = await slow_read(prometheus)
     assert first.waiting is None and first.running is None
     # The signals asked in another request than the slow ones answered.
     groups = combined_groups({**rendered(make_spec()), "_newest": "max(timestamp(x))"})
@@ -514,18 +514,16 @@ async def test_a_slow_query_reason_says_it_timed_out(prometheus: Any) -> None:
     retried read timeout as `ConnectionError: ... Max retries exceeded with url: <the whole
     URL-encoded query> (Caused by ReadTimeoutError(...))`, and the 300-character cut drops the
     cause."""
-    for signal, _ in await slow_read(prometheus):
+    for signal in await slow_read(prometheus):
         reason = next(r for r in signal.reasons if r.startswith("waiting:"))
         assert "timed out" in reason.lower() or "timeout" in reason.lower(), reason
 
 
 async def test_a_hung_prometheus_fails_the_read_in_bounded_time(prometheus: Any) -> None:
-    server = prometheus(lambda query: Answer(delay_s=8.0))
+    server = prometheus(lambda query: Answer(delay_s=HUNG_S))
     spec = spec_with(server, queryTimeoutSeconds="0.5")
-    started = time.monotonic()
-    with pytest.raises(SourceError):
+    with pytest.raises(SourceError):  # not `read`'s TimeoutError: the read's own timeout ended it
         await read(PrometheusSource(server.url), spec)
-    assert time.monotonic() - started < 3 * 0.5 + 2
 
 
 async def test_connection_refused_fails_the_read_naming_the_url() -> None:
@@ -534,10 +532,8 @@ async def test_connection_refused_fails_the_read_naming_the_url() -> None:
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     spec = make_spec("vllm", url)
-    started = time.monotonic()
     with pytest.raises(SourceError) as caught:
         await read(PrometheusSource(url), spec)
-    assert time.monotonic() - started < 10
     assert url in str(caught.value)
 
 
@@ -701,15 +697,14 @@ async def test_a_batch_that_times_out_sends_its_workloads_alone(
     holder: dict[str, Callable[[str], Answer]] = {}
     server = prometheus(lambda query: holder["answer"](query))
     specs = team(server, 4, queryIntervalSeconds="0", queryTimeoutSeconds="0.5")
-    holder["answer"] = team_answers(specs, {(2, "waiting"): Answer(delay_s=8.0)})
+    holder["answer"] = team_answers(specs, {(2, "waiting"): Answer(delay_s=HUNG_S)})
     source = PrometheusSource(server.url)
 
     async def together(at: float) -> list[Any]:
-        started = time.monotonic()
         outcomes = await asyncio.gather(
             *(read(source, spec, at) for spec in specs), return_exceptions=True
         )
-        assert time.monotonic() - started < 3 * 0.5 + 2
+        assert not any(isinstance(o, TimeoutError) for o in outcomes)  # `read`'s bound: hung
         return outcomes
 
     first = await together(1000.0)
