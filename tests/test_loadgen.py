@@ -296,17 +296,13 @@ async def test_duration_bounds_the_sending_and_the_drain_bounds_the_wait(
     fake: FakeEndpoint, tmp_path: Path
 ) -> None:
     trace = write_trace(tmp_path / "t.csv", [0.2 * i for i in range(500)])  # 100 s of trace
-    began = time.monotonic()
+    # Counted, not timed: an unbounded run would send the whole trace (500), and without the
+    # drain's bound the hung requests would end as answered or failed, not unfinished.
     report = await replay(trace, fake.url, duration_s=1.0)
-    # Bounds far from both the duration and what an unbounded run would take (100 s of trace,
-    # then answers that never come): a loaded runner's scheduling noise cannot cross them.
-    assert time.monotonic() - began < 10.0
     assert report.tally.requests == report.tally.sent == report.tally.completed == 5
 
     fake.hang_s = 30.0  # no answers: the drain ends the run, the rest are unfinished
-    began = time.monotonic()
     report = await replay(trace, fake.url, duration_s=0.5, drain_s=0.5)
-    assert time.monotonic() - began < 10.0
     t = report.tally
     assert (t.sent, t.unfinished, t.completed, t.error_count) == (3, 3, 0, 0)
 
