@@ -148,7 +148,6 @@ def test_shipped_rate_trace_with_gaps(capsys: pytest.CaptureFixture[str]) -> Non
 def test_scaler_forecaster_runs_per_horizon(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("scaler.forecast")
     rng = np.random.default_rng(5)
     walk = 800 + np.cumsum(rng.normal(0, 10, 300))
     path = write_rates(tmp_path / "walk.csv", walk)
