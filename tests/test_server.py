@@ -293,11 +293,7 @@ async def test_client_disconnecting_mid_stream_frees_the_stream(start_server):
         await next_message(call, 5.0)
     assert open_streams() == before + 2
     await client.channel.close()  # the whole connection goes away, as when KEDA restarts
-    for _ in range(100):
-        if open_streams() == before:
-            break
-        await asyncio.sleep(0.05)
-    assert open_streams() == before
+    assert await poll(lambda: open_streams() == before, TICK_WAIT_S), open_streams()
     fresh = type(client)(f"127.0.0.1:{server.port}")
     try:
         assert (await fresh.evaluate(so)).value == 2.0
