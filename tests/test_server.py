@@ -323,8 +323,10 @@ async def test_two_replicas_started_apart_give_the_same_answers(
 ):
     """Warm start: a replica that starts later agrees with one that ran, tick for tick. Both run
     on one manual clock, moved a tick at a time once both decided the last one, so neither
-    skips a tick (a loop stalled past a tick skips it: the claim's documented limit)."""
-    clock, interval, period = ManualClock(), 0.1, 2.0
+    skips a tick (a loop stalled past a tick skips it: the claim's documented limit). The
+    interval is one at which the policy's whole memory (600 s) fits a history read tick for
+    tick (HISTORY_MAX_POINTS); below it the replay's grid is coarser than the ticks."""
+    clock, interval, period = ManualClock(), 0.25, 4.0
     store = ConfigStore(Config(server=ServerSettings(evaluation_interval_s=interval)))
     metadata = synthetic(
         syntheticPattern="sine",
@@ -335,7 +337,7 @@ async def test_two_replicas_started_apart_give_the_same_answers(
     so = ref("sine", metadata)
     server_a, client_a = await start_server(store=store, engine=clock.engine(store))
     await client_a.evaluate(so)
-    await step(clock, interval, "sine", server_a, ticks=13)
+    await step(clock, interval, "sine", server_a, ticks=6)
     # The second starts while the load falls (the sine peaks at a quarter of its period):
     # there the first holds a higher need in its window, which a replica that did not replay
     # that window would not, so a warm start that lost its state fails this test.
