@@ -50,13 +50,14 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 PROJECT = "pyproject.toml"  # a lock's "# via" for pyproject's own requirements names it
 
 # Left out of the image: the simulator, benchmarks and load generators, the demo's trace, the
-# trace reader, the KEDA-like test client, the stub generator.
+# trace reader, the KEDA-like test client and the HPA arithmetic it emulates, the stub generator.
 LEFT_OUT = (
     "scaler/sim",
     "scaler/bench",
     "scaler/data",
     "scaler/traces.py",
     "scaler/kedaclient.py",
+    "scaler/hpa.py",
     "scaler/protogen.py",
 )
 # The only shipped code that may name a left-out module: the commands that need the pip install
@@ -506,6 +507,26 @@ def test_shipped_code_imports_nothing_the_image_lacks(wheel: Path) -> None:
         "scaler/engine.py imports matplotlib, which no locked package provides",
         "scaler/engine.py imports scaler.sim.run, which the image leaves out",
     ]
+
+
+def test_everything_the_image_carries_is_reached_from_its_commands(wheel: Path) -> None:
+    """Only the runtime ships: `scaler.cli` imports every module, if only lazily.
+
+    A module that only the simulator, a benchmark or the tests use belongs in the dockerignore.
+    """
+    modules = shipped_modules(wheel)
+    reached: set[str] = set()
+    todo = ["scaler.cli", "scaler.__main__"]
+    while todo:
+        module = todo.pop()
+        if module in reached or module not in modules:
+            continue
+        reached.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # its packages run first
+        for name, attr in imported(ast.parse(modules[module][1])):
+            todo += [name] if attr is None else [name, f"{name}.{attr}"]
+    assert sorted(set(modules) - reached) == []
 
 
 def test_every_shipped_module_imports_from_the_wheel_alone(wheel: Path, tmp_path: Path) -> None:
