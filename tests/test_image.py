@@ -526,7 +526,11 @@ def test_everything_the_image_carries_is_reached_from_its_commands(wheel: Path) 
         todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # its packages run first
         for name, attr in imported(ast.parse(modules[module][1])):
             todo += [name] if attr is None else [name, f"{name}.{attr}"]
-    assert sorted(set(modules) - reached) == []
+    unused = sorted(set(modules) - reached)
+    assert unused == [], (
+        f"the image carries {unused}, which nothing it runs imports: list them in "
+        "deploy/Dockerfile.dockerignore and LEFT_OUT here"
+    )
 
 
 def test_every_shipped_module_imports_from_the_wheel_alone(wheel: Path, tmp_path: Path) -> None:
