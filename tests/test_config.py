@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scaler.config import (
+    MAX_CONFIG_BYTES,
+    MAX_NODES,
+    MAX_PATH_CHARS,
+    MAX_PROBLEM_CHARS,
+    MAX_PROBLEMS,
+    MAX_UNKNOWN_KEYS,
     SECTIONS,
     Config,
     ConfigError,
@@ -150,13 +158,13 @@ PROBLEMS = [
     pytest.param(
         "defaults:\n  evaluationIntervalSeconds: 5\n",
         "defaults.evaluationIntervalSeconds",
-        ["unknown key; accepted keys:"],
+        ["unknown key; evaluationIntervalSeconds belongs in the `server:` section"],
         id="server-key-in-defaults",
     ),
     pytest.param(
         "defaults:\n  backend: vllm\n",
         "defaults.backend",
-        ["unknown key"],
+        ["unknown key; backend belongs in the ScaledObject's trigger metadata"],
         id="trigger-only-key-in-defaults",
     ),
     pytest.param(
@@ -168,6 +176,12 @@ PROBLEMS = [
     pytest.param(
         "server:\n  targetConcurrency: 8\n",
         "server.targetConcurrency",
+        ["unknown key; targetConcurrency belongs in `defaults:` or a profile"],
+        id="tuning-key-in-server",
+    ),
+    pytest.param(
+        "server:\n  colour: blue\n",
+        "server.colour",
         [
             "unknown key; accepted keys: evaluationIntervalSeconds, workloadIdleTimeoutSeconds, "
             "staleTargetSeconds, firstDecisionTimeoutSeconds"
@@ -385,6 +399,143 @@ def test_invalid_timestamp_scalar_is_a_config_error() -> None:
 def test_deeply_nested_yaml_is_a_config_error() -> None:
     error = problems("[" * 3000)
     assert len(error.problems) == 1
+
+
+# --- hostile files: every answer bounded -----------------------------------------------------
+
+
+def laughs(levels: int, width: int = 9) -> str:
+    """A billion-laughs file: each level a list of `width` aliases to the level below, the last
+    one a tuning value: width**levels strings once its aliases are expanded, in a few hundred
+    bytes."""
+    lines = ['l0: &l0 ["lol"]']
+    for level in range(1, levels + 1):
+        lines.append(f"l{level}: &l{level} [{', '.join([f'*l{level - 1}'] * width)}]")
+    return "\n".join([*lines, f"defaults:\n  targetConcurrency: *l{levels}\n"])
+
+
+def peak_bytes(run: Callable[[], object]) -> int:
+    """The most memory Python held while `run` ran (its result dropped)."""
+    tracemalloc.start()
+    try:
+        run()
+    except ConfigError:
+        pass
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak
+
+
+@pytest.mark.parametrize("levels", [5, 9])
+def test_alias_expansion_is_stopped_while_composing(levels: int) -> None:
+    """9**5 = 59,049 strings (the smaller bomb, cheap enough to build, prints 413 KB when it is
+    echoed whole); 9**9 = 387 million (it ran out of memory): both stop at MAX_NODES with a
+    short error, in little memory."""
+    text = laughs(levels)
+    error = problems(text)
+    assert len(text) < 600 and paths(error)[0].startswith("line ")
+    assert error.problems[0].message == (
+        f"not accepted: more than {MAX_NODES} nodes with its aliases expanded; "
+        "a tuning ConfigMap needs a few hundred"
+    )
+    assert peak_bytes(lambda: load_config_text(text)) < 2_000_000
+
+
+def test_an_alias_inside_its_own_anchor_is_refused() -> None:
+    error = problems("defaults:\n  targetConcurrency: &me [1, *me]\n")
+    assert error.problems[0].message == "not accepted: alias *me inside its own anchor"
+
+
+def test_merge_keys_are_yaml_and_accepted() -> None:
+    config = load_config_text(
+        """
+defaults: &shared
+  targetConcurrency: 4
+  maxReplicas: 20
+profiles:
+  one:
+    <<: *shared
+    targetConcurrency: 8
+  cold: &cold {coldStartSeconds: 30}
+  two:
+    <<: [*cold, *shared]
+""",
+        "cm.yaml",
+    )
+    assert config.profiles["one"] == {"targetConcurrency": 8.0, "maxReplicas": 20}
+    assert config.profiles["two"] == {
+        "coldStartSeconds": 30.0,
+        "targetConcurrency": 4.0,
+        "maxReplicas": 20,
+    }
+
+
+def test_two_merge_keys_in_one_mapping_are_a_duplicate() -> None:
+    error = problems("defaults: &d {maxReplicas: 3}\nprofiles:\n  p:\n    <<: *d\n    <<: *d\n")
+    assert "duplicate key '<<' (line 5)" in str(error)
+
+
+def test_a_file_over_a_configmaps_1_mib_is_refused_unread(tmp_path: Path) -> None:
+    """Kubernetes keeps a ConfigMap within 1 MiB; a longer file (here a sparse 1 GiB one) is
+    refused after reading at most 1 MiB of it."""
+    error = problems("#" * MAX_CONFIG_BYTES + "\n")
+    assert paths(error) == ["<file>"] and "at most 1048576 bytes (1 MiB)" in str(error)
+    load_config_text("#" * (MAX_CONFIG_BYTES - 1) + "\n")  # the limit itself is fine
+    huge = tmp_path / "huge.yaml"
+    with huge.open("wb") as file:
+        file.truncate(1 << 30)
+    with pytest.raises(ConfigError) as info:
+        load_config_file(huge)
+    assert info.value.problems[0].message.startswith("1073741824 bytes; a ConfigMap holds")
+    assert peak_bytes(lambda: load_config_file(huge)) < 4 * MAX_CONFIG_BYTES
+
+
+def test_unknown_keys_are_reported_up_to_a_bound_and_counted() -> None:
+    text = "defaults:\n" + "".join(f"  colour{i}: {i}\n" for i in range(300))
+    error = problems(text)
+    assert paths(error) == [f"defaults.colour{i}" for i in range(MAX_UNKNOWN_KEYS)] + ["defaults"]
+    assert error.problems[-1].message == f"... and {300 - MAX_UNKNOWN_KEYS} more unknown keys"
+
+
+def test_problems_are_reported_up_to_a_bound_and_counted() -> None:
+    text = "profiles:\n" + "".join(f"  p{i}: {{minReplicas: x}}\n" for i in range(200))
+    error = problems(text)
+    assert len(error.problems) == MAX_PROBLEMS + 1
+    assert str(error.problems[-1]) == f"<root>: ... and {200 - MAX_PROBLEMS} more problems"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("defaults:\n  " + "k" * 1000 + ": 1\n", id="long-key"),
+        pytest.param("profiles:\n  " + "P" * 1000 + ": {}\n", id="long-profile-name"),
+        pytest.param("x" * 1000 + ": 1\n", id="long-section"),
+        pytest.param(
+            "defaults:\n  targetConcurrency: [" + ", ".join(["1"] * 5000) + "]\n", id="long-list"
+        ),
+        pytest.param(
+            "defaults:\n  ? [" + ", ".join(["long"] * 5000) + "]\n  : 1\n", id="list-as-key"
+        ),
+        pytest.param(
+            "defaults:\n  " + '"' + "k" * 100_000 + '": 1\n  "' + "k" * 100_000 + '": 2\n',
+            id="long-duplicate-key",
+        ),
+    ],
+)
+def test_what_an_error_echoes_of_the_file_is_cut(text: str) -> None:
+    error = problems(text)
+    for problem in error.problems:
+        assert len(problem.path) <= MAX_PATH_CHARS and len(problem.message) <= MAX_PROBLEM_CHARS
+    assert len(str(error)) < 2 * MAX_PROBLEM_CHARS
+
+
+def test_a_misspelt_key_names_the_nearest_key_only() -> None:
+    error = problems("defaults:\n  targetConcurency: 4\n  scaleDownMaxPercnt: 5\n")
+    assert [p.message for p in error.problems] == [
+        "unknown key; did you mean 'targetConcurrency'?",
+        "unknown key; did you mean 'scaleDownMaxPercent'?",
+    ]
 
 
 # --- scaler check-config ----------------------------------------------------------------------

@@ -370,12 +370,14 @@ def check_config_error(error: ConfigError, text: str) -> None:
         mark = LINE_MARK.match(problem.path)
         if mark:  # a YAML syntax error: the line and column exist in the text
             assert 1 <= int(mark[1]) <= len(re.split("\r\n|\r|\n", text)) + 1
-            assert problem.message.startswith("not valid YAML: ")
+            assert problem.message.startswith(("not valid YAML: ", "not accepted: "))
         elif problem.path != "<root>":
             first = problem.path.split(".")[0]
             assert first in SECTIONS or first in text, problem.path
-        if "unknown key" in problem.message:
-            assert "accepted keys: " in problem.message
+        if "unknown key" in problem.message:  # the nearest key, where it belongs, or all of them
+            assert any(
+                hint in problem.message for hint in ("accepted keys: ", "did you mean", "belongs in")
+            )
         if problem.message.startswith("got "):
             assert "accepted: " in problem.message
 
@@ -454,8 +456,9 @@ def test_reload_keeps_the_last_good_config_through_any_broken_edit(
             assert str(store.last_error) == str(expected)
             assert config_valid() == 0.0 and reloads("failure") == failures + 1
             logged = [r.getMessage() for r in caplog.records]
-            assert len(logged) == len(expected.problems)
-            assert all("keeping the last good config" in m for m in logged)
+            assert len(logged) == 1  # one line, with the first problems
+            assert "keeping the last good config" in logged[0]
+            assert str(expected.problems[0]) in logged[0]
             assert not store.reload() and reloads("failure") == failures + 1  # reported once
             path.write_text(good)  # put back: valid again, nothing to reload
             assert not store.reload() and store.last_error is None and config_valid() == 1.0

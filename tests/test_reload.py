@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
 from prometheus_client import REGISTRY
 
+from scaler import config_watch
 from scaler.config import load_config_file
 from scaler.config_watch import ConfigStore
 from tests.conftest import ref, synthetic
@@ -139,3 +141,156 @@ async def test_deleted_profile_keeps_target_static_and_reports(start_server, tmp
     assert decision.replicas == 10
     assert "'llama' is not a profile" in decision.faults[0]
     assert (await client.evaluate(so)).value == 10.0
+
+
+# --- the watch loop, driven poll by poll ------------------------------------------------------
+
+
+class Polls:
+    """The watch's clock: each `step()` lets exactly one poll run and returns when it is done
+    (when the watch asks for its next tick). Every wait is bounded."""
+
+    def __init__(self, store: ConfigStore) -> None:
+        self._go: asyncio.Queue[None] = asyncio.Queue()
+        self._done: asyncio.Queue[None] = asyncio.Queue()
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(store.watch(3600.0, self.stop, self._tick))
+
+    async def _tick(self) -> None:
+        await self._done.put(None)
+        await self._go.get()
+
+    async def start(self) -> None:
+        await asyncio.wait_for(self._done.get(), 60)
+
+    async def step(self, times: int = 1) -> None:
+        for _ in range(times):
+            await self._go.put(None)
+            polled = asyncio.ensure_future(self._done.get())
+            await asyncio.wait({polled, self.task}, timeout=60, return_when="FIRST_COMPLETED")
+            assert not self.task.done(), "the watch loop ended"
+            assert polled.done(), "no poll within 60 s"
+
+    async def close(self) -> None:
+        self.stop.set()
+        await self._go.put(None)
+        await asyncio.wait_for(self.task, 60)
+
+
+def laughs(levels: int) -> str:
+    lines = ['l0: &l0 ["lol"]']
+    for level in range(1, levels + 1):
+        lines.append(f"l{level}: &l{level} [{', '.join([f'*l{level - 1}'] * 9)}]")
+    return "\n".join([*lines, f"defaults:\n  targetConcurrency: *l{levels}\n"])
+
+
+def rejections(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_rejected_file_is_parsed_once_and_reported_once(tmp_path, caplog):
+    """A bad file stays on disk for many polls: it is parsed once (by its digest), counted and
+    logged once, in one line; a good edit after it is applied."""
+    caplog.set_level(logging.ERROR, logger="scaler.config_watch")
+    path = tmp_path / "config.yaml"
+    path.write_text(GOOD.format(tc=8))
+    store = ConfigStore(load_config_file(path), str(path))
+    polls = Polls(store)
+    await polls.start()
+    failures = reloads("failure")
+    bad = "defaults:\n" + "".join(f"  colour{i}: {i}\n" for i in range(40))
+    path.write_text(bad)
+    await polls.step(20)
+    assert store.parses == 1 and config_valid() == 0.0 and reloads("failure") == failures + 1
+    [line] = rejections(caplog)
+    assert "defaults.colour0: unknown key" in line and "and 6 more" in line and len(line) < 8000
+    path.write_text(GOOD.format(tc=4))
+    await polls.step()
+    assert store.current.profiles["llama"]["targetConcurrency"] == 4.0 and config_valid() == 1.0
+    path.write_text(bad)  # the same bad file again: reported again, still not parsed again
+    await polls.step(3)
+    assert store.parses == 2 and reloads("failure") == failures + 2 and config_valid() == 0.0
+    await polls.close()
+
+
+async def test_a_billion_laughs_is_rejected_and_a_later_good_edit_applies(tmp_path, caplog):
+    caplog.set_level(logging.ERROR, logger="scaler.config_watch")
+    path = tmp_path / "config.yaml"
+    path.write_text(GOOD.format(tc=8))
+    store = ConfigStore(load_config_file(path), str(path))
+    polls = Polls(store)
+    await polls.start()
+    path.write_text(laughs(9))
+    await polls.step(5)
+    assert config_valid() == 0.0 and store.parses == 1
+    [line] = rejections(caplog)
+    assert "nodes with its aliases expanded" in line
+    path.write_text(GOOD.format(tc=2))
+    await polls.step()
+    assert store.current.profiles["llama"]["targetConcurrency"] == 2.0 and config_valid() == 1.0
+    await polls.close()
+
+
+async def test_the_watch_survives_any_fault_and_reports_it(tmp_path, caplog, monkeypatch):
+    """A fault outside the file's problems (here the read raising, then the parse running out of
+    memory): the loop keeps polling, config_valid is 0, each fault is counted and logged once,
+    and the next good file is applied."""
+    caplog.set_level(logging.ERROR, logger="scaler.config_watch")
+    path = tmp_path / "config.yaml"
+    path.write_text(GOOD.format(tc=8))
+    store = ConfigStore(load_config_file(path), str(path))
+    polls = Polls(store)
+    await polls.start()
+    errors, failures = reloads("error"), reloads("failure")
+    real_read, real_load = config_watch.read_config_bytes, config_watch.load_config_text
+
+    def broken_read(_: object) -> bytes:
+        raise RuntimeError("the volume went away")
+
+    monkeypatch.setattr(config_watch, "read_config_bytes", broken_read)
+    await polls.step(3)
+    assert config_valid() == 0.0 and reloads("error") == errors + 1
+    assert rejections(caplog) == [
+        "config reload failed, keeping the last good config: RuntimeError: the volume went away"
+    ]
+    monkeypatch.setattr(config_watch, "read_config_bytes", real_read)
+
+    def out_of_memory(*_: object) -> object:
+        raise MemoryError
+
+    monkeypatch.setattr(config_watch, "load_config_text", out_of_memory)
+    path.write_text(GOOD.format(tc=3))
+    await polls.step(3)
+    assert config_valid() == 0.0 and store.parses == 1 and reloads("failure") == failures + 1
+    assert "<file>: cannot be parsed: MemoryError" in rejections(caplog)[-1]
+    monkeypatch.setattr(config_watch, "load_config_text", real_load)
+    path.write_text(GOOD.format(tc=2))
+    await polls.step()
+    assert store.current.profiles["llama"]["targetConcurrency"] == 2.0 and config_valid() == 1.0
+    await polls.close()
+
+
+async def test_a_poll_parses_off_the_event_loop(tmp_path, monkeypatch):
+    """The parse, once started, waits until the event loop has run something else: done on the
+    loop, it would wait for ever (here: 30 s, then the reload fails)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(GOOD.format(tc=8))
+    store = ConfigStore(load_config_file(path), str(path))
+    polls = Polls(store)
+    await polls.start()
+    parsing, loop_ran = threading.Event(), threading.Event()
+    real_load = config_watch.load_config_text
+
+    def load_after_the_loop_ran(*args: object) -> object:
+        parsing.set()
+        assert loop_ran.wait(30), "the event loop did not run while the file was parsed"
+        return real_load(*args)
+
+    monkeypatch.setattr(config_watch, "load_config_text", load_after_the_loop_ran)
+    path.write_text(GOOD.format(tc=4))
+    step = asyncio.create_task(polls.step())
+    assert await asyncio.to_thread(parsing.wait, 30)
+    loop_ran.set()  # the loop is running this test while the parse waits
+    await step
+    assert store.current.profiles["llama"]["targetConcurrency"] == 4.0
+    await polls.close()
