@@ -29,11 +29,11 @@ from scaler.config import (
     read_config_bytes,
 )
 from scaler.fields import FieldError
-from scaler.logs import cut
+from scaler.logs import MAX_MESSAGE_CHARS, cut
 
 log = logging.getLogger(__name__)
 
-MAX_LOGGED_PROBLEMS = 5  # a rejection is one log line: its first problems and how many more
+MAX_LOGGED_PROBLEMS = 5  # a rejection is one log line: its first problems (each cut) and a count
 
 
 @dataclass(frozen=True)
@@ -136,9 +136,10 @@ class ConfigStore:
         telemetry.CONFIG_VALID.set(0)
         shown = error.problems[:MAX_LOGGED_PROBLEMS]
         more = len(error.problems) - len(shown)
+        each = (MAX_MESSAGE_CHARS - 200) // MAX_LOGGED_PROBLEMS  # the line is never cut after
         log.error(
             "config rejected, keeping the last good config: %s%s",
-            "; ".join(str(problem) for problem in shown),
+            "; ".join(cut(str(problem), each) for problem in shown),
             f"; and {more} more (scaler check-config prints them all)" if more else "",
             extra={
                 "event": "config_rejected",

@@ -581,6 +581,22 @@ def test_check_config_bad_file_prints_one_line_per_problem(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+def test_check_config_answers_a_hostile_file_in_a_few_lines(tmp_path: Path) -> None:
+    """A 537-byte billion-laughs file and 5.9 MB of unknown keys: each one short line and exit 1
+    (the bomb took 45 s, printed 226 MB and died with MemoryError)."""
+    bomb, heap = tmp_path / "bomb.yaml", tmp_path / "heap.yaml"
+    bomb.write_text(laughs(9))
+    heap.write_text("defaults:\n" + "".join(f"  colour{i:07d}: {i}\n" for i in range(250_000)))
+    result = check_config(bomb, heap)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines() == [
+        f"{bomb}: line 5, column 35: not accepted: more than {MAX_NODES} nodes with its aliases "
+        "expanded; a tuning ConfigMap needs a few hundred",
+        f"{heap}: <file>: 5888900 bytes; a ConfigMap holds at most 1048576 bytes (1 MiB)",
+    ]
+
+
+@pytest.mark.slow
 def test_check_config_mixed_files_fail_and_report_both(tmp_path: Path) -> None:
     good, bad, missing = tmp_path / "good.yaml", tmp_path / "bad.yaml", tmp_path / "missing.yaml"
     good.write_text(GOOD)

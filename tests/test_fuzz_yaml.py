@@ -30,11 +30,11 @@ from scaler.config import (
     load_config_file,
 )
 from scaler.config_watch import ConfigStore
+from scaler.logs import MAX_MESSAGE_CHARS
 from tests.conftest import PROPERTIES
 
 GOOD = "defaults:\n  targetConcurrency: 8\nprofiles:\n  base: {maxReplicas: 20}\n"
 PEAK_BYTES = 24 * 1024 * 1024  # a 1 MiB file of MAX_NODES nodes composes in under half of it
-LOG_LINE_CHARS = 10_000  # one rejection's line: its first few problems, each cut
 
 
 def config_valid() -> float | None:
@@ -106,7 +106,7 @@ def check_bounded(outcome: Outcome, text: str) -> ConfigError | None:
         assert config_valid() == 1.0 and not outcome.logged
         return None
     assert config_valid() == 0.0 and store.current.profiles["base"]["maxReplicas"] == 20
-    assert len(outcome.logged) == 1 and len(outcome.logged[0]) < LOG_LINE_CHARS
+    assert len(outcome.logged) == 1 and len(outcome.logged[0]) <= MAX_MESSAGE_CHARS
     assert "keeping the last good config" in outcome.logged[0]
     assert len(error.problems) <= MAX_PROBLEMS + 1
     for problem in error.problems:
