@@ -186,8 +186,8 @@ def test_every_internal_link_and_anchor_resolves(site: Path, base_url: str) -> N
 
 def test_every_page_renders_in_chromium(base_url: str, tmp_path: Path) -> None:
     """Each page opened in Debian's Chromium through the DevTools protocol (playwright, with no
-    browser of its own): it loads, has a title and its heading, and logs no console error and no
-    uncaught exception; every request goes to the site's own server."""
+    browser of its own): it loads, has a title and its heading, shows every image, and logs no
+    console error and no uncaught exception; every request goes to the site's own server."""
     from playwright.sync_api import sync_playwright
 
     chromium = require("chromium")
@@ -221,8 +221,16 @@ def test_every_page_renders_in_chromium(base_url: str, tmp_path: Path) -> None:
                 status = answer.status if answer else None
                 title = page.title()
                 heading = page.locator("article h1").first.inner_text(timeout=30_000)
-                if status != 200 or not title.strip() or not heading.strip() or errors:
-                    failures.append(f"{name}: status {status}, title {title!r}, errors {errors}")
+                # An image the browser could not decode (a plot moved, a wrong path) has no width.
+                blank = page.evaluate(
+                    "Array.from(document.images)"
+                    ".filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)"
+                )
+                if status != 200 or not title.strip() or not heading.strip() or errors or blank:
+                    failures.append(
+                        f"{name}: status {status}, title {title!r}, errors {errors}, "
+                        f"images not shown {blank}"
+                    )
         finally:
             browser.close()
     assert not failures, "\n".join(failures)
