@@ -518,10 +518,10 @@ FIELDS: tuple[Field, ...] = (
         "a number from 0.5 to 0.9999",
         "Share of requests that should wait at most queueTimeSloSeconds: the objective the "
         "decision meets at the fewest GPU-hours. With queueTimeSloSeconds set, a closed loop "
-        "raises the headroom over the need (up to 1.6x) while the servers' queue-time p99 "
-        "exceeds the SLO and lowers it slowly while it does not, so late windows settle at "
-        "(1 - this share) of the time. Higher buys fewer late requests with more idle slots; "
-        "lower, the reverse.",
+        "raises the headroom over the need (up to 1.6x) while the share of requests late (read "
+        "from the servers' queue-time mean and p99) exceeds 1 - this share, and lowers it while "
+        "it is below, so the late share settles there. Higher buys fewer late requests with "
+        "more idle slots; lower, the reverse.",
     ),
     Field(
         "prefillTokensPerSecond",
@@ -600,8 +600,9 @@ FIELDS: tuple[Field, ...] = (
         "on | off",
         "Size for the forecast over the horizon: the target covers the q90 forecast of need "
         "within horizonSeconds, and a workload the forecast expects traffic for stays (or turns) "
-        "active. Off by default (reactive): on the simulator it buys fewer SLO misses on bursty "
-        "and surging traffic for a few percent more GPU-hours (README, The decision); a "
+        "active. Off by default (reactive): with the closed-loop headroom (sloAttainment) the "
+        "simulator shows it costing more GPU-hours for about the same attainment "
+        "(bench/results/decision.md), so it is a per-workload choice until it pays; a "
         "late-starting replica agrees with a running one once the forecaster's memory "
         "(~100 bins) is covered.",
     ),

@@ -13,7 +13,8 @@ The rule, in the order `decide` applies it (each step names itself as the decisi
    replica holding targetConcurrency requests), fitted against the batch from the servers' own
    counters (`operating_service_time`), not the S the fleet's current size produces; and the
    need carries a headroom set in closed loop on the attainment measured
-   (`closed_loop_headroom`: queue-time p99 against queueTimeSloSeconds, sloAttainment);
+   (`closed_loop_headroom`: the share of requests late past queueTimeSloSeconds, read from
+   the queue time's mean and p99, against 1 - sloAttainment);
 2. current_need / stabilization: the target is ceil(need); it rises at once, and falls only to
    the highest need seen within scaleDownStabilizationSeconds;
 3. forecast: with `forecast: on`, the target also covers the q90 forecast of need within the
@@ -75,14 +76,16 @@ SERVICE_FIT_WINDOW_S = 600.0
 SERVICE_FIT_BUCKETS = round(SERVICE_FIT_WINDOW_S / SERVICE_TIME_BUCKET_S)
 SERVICE_FIT_MIN_TICKS = 6
 FIT_RIDGE = 0.02
-# Headroom over the need, in closed loop on the attainment measured: while the servers' queue
-# time p99 (the share 0.99 of requests; the quantile the queue-time histograms give) exceeds
-# queueTimeSloSeconds, log(headroom) rises at HEADROOM_RISE_PER_S; while it does not, it falls at
-# HEADROOM_RISE_PER_S x (1 - sloAttainment) / sloAttainment, so it settles where late windows
-# are a (1 - sloAttainment) share of the time. Fast up (a minute of late requests adds ~30%),
-# slow down (an hour on time takes off ~15% at 0.99): a miss costs requests, a spare slot only
-# GPU time. Bounded to [1, HEADROOM_MAX]; a gap between ticks counts at most HEADROOM_MAX_DT_S.
-HEADROOM_RISE_PER_S = 0.0045
+# Headroom over the need, in closed loop on the attainment measured. Each tick estimates the
+# share of requests that waited past queueTimeSloSeconds (`late_share`: from the queue time's
+# mean and p99, the quantities vLLM's and Triton's queue-time metrics give) and moves
+# log(headroom) by HEADROOM_GAIN_PER_S x (late share - allowed) / allowed per second, allowed =
+# 1 - sloAttainment, at most HEADROOM_RISE_MAX_PER_S up: an integral controller, so the late
+# share averaged over time settles at the allowed share. On time, an hour takes ~30% off; a
+# minute with 30% of the requests late adds ~20%. Bounded to [1, HEADROOM_MAX]; a gap between
+# ticks counts at most HEADROOM_MAX_DT_S.
+HEADROOM_GAIN_PER_S = 1e-4
+HEADROOM_RISE_MAX_PER_S = 0.005
 HEADROOM_MAX = 1.6
 HEADROOM_MAX_DT_S = 60.0
 
@@ -317,22 +320,56 @@ def steady_service_time(seen: tuple[tuple[int, float, int], ...]) -> float | Non
     return total / ticks if ticks else None
 
 
+def _root(mean_s: float, p99_s: float, lo: float, hi: float) -> float:
+    """theta in [lo, hi] with (mean / theta) exp(-p99 / theta) = 0.01, the function monotone
+    there (rising below theta = p99, falling above): bisection."""
+    rising = hi <= p99_s
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        below = (mean_s / mid) * math.exp(-p99_s / mid) < 0.01
+        if below == rising:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def late_share(mean_s: float, p99_s: float, slo_s: float) -> float:
+    """The share of requests that waited longer than `slo_s`, from the queue time's mean and
+    p99 (what both backends' queue metrics give): a share pi of requests wait, their waits
+    exponential with mean theta (pi theta = mean, pi exp(-p99 / theta) = 0.01), so
+    pi exp(-slo / theta) wait past the SLO. Exactly 1% at slo = p99. Two (pi, theta) can fit
+    one (mean, p99); the larger late share is taken (more headroom, not less)."""
+    if mean_s <= 0.0 or p99_s <= 0.0:
+        return 0.0
+    if math.exp(-p99_s / mean_s) >= 0.01:  # everyone waits: exponential with mean `mean_s`
+        return math.exp(-slo_s / mean_s)
+    peak = (mean_s / p99_s) * math.exp(-1.0)  # the largest (mean / theta) exp(-p99 / theta)
+    if peak < 0.01:  # a tail heavier than exponential: the theta closest to fitting
+        thetas = [p99_s]
+    else:
+        thetas = [_root(mean_s, p99_s, mean_s, p99_s), _root(mean_s, p99_s, p99_s, 100 * mean_s)]
+    return min(1.0, max((mean_s / t) * math.exp(-slo_s / t) for t in thetas))
+
+
 def closed_loop_headroom(
     spec: WorkloadSpec, signal: Signal, state: PolicyState, at: float
-) -> tuple[float, bool | None]:
-    """The next log(headroom) and whether this tick's window was late (None: not measured, no
-    queueTimeSloSeconds or no queue-time quantile). See HEADROOM_RISE_PER_S. It moves slowly and
-    is not replayed tick for tick (not in `policy_memory_s`): a replica that just started holds
-    the headroom it learns from then on, as with the forecaster's warm start."""
-    slo, measured = spec.capacity.queue_time_slo_s, signal.queue_time_p99_s
-    if slo is None or measured is None or not math.isfinite(measured):
+) -> tuple[float, float | None]:
+    """The next log(headroom) and this tick's estimated late share (None: not measured: no
+    queueTimeSloSeconds, or no queue-time mean and p99). See HEADROOM_GAIN_PER_S. It moves
+    slowly and is not replayed tick for tick (not in `policy_memory_s`): a replica that just
+    started holds the headroom it learns from then on, as with the forecaster's warm start."""
+    slo = spec.capacity.queue_time_slo_s
+    mean, p99 = signal.queue_time_mean_s, signal.queue_time_p99_s
+    if slo is None or mean is None or p99 is None or not math.isfinite(mean + p99):
         return state.headroom_log, None
+    late = late_share(mean, p99, slo)
     last = state.headroom_at
     dt = min(HEADROOM_MAX_DT_S, at - last) if last is not None else 0.0
-    late = measured > slo
-    share = spec.capacity.slo_attainment
-    rate = HEADROOM_RISE_PER_S if late else -HEADROOM_RISE_PER_S * (1.0 - share) / share
-    return min(math.log(HEADROOM_MAX), max(0.0, state.headroom_log + rate * max(0.0, dt))), late
+    allowed = 1.0 - spec.capacity.slo_attainment
+    rate = min(HEADROOM_RISE_MAX_PER_S, HEADROOM_GAIN_PER_S * (late - allowed) / allowed)
+    moved = state.headroom_log + rate * max(0.0, dt)
+    return min(math.log(HEADROOM_MAX), max(0.0, moved)), late
 
 
 def observe_queue(
@@ -460,15 +497,10 @@ def decide(
     if explain:
         detail = required.describe()
         if headroom_log > 0.0 or late:
-            measured = (
-                "not measured now"
-                if late is None
-                else f"queue p99 {signal.queue_time_p99_s:.2f}s {'>' if late else '<='} SLO "
-                f"{spec.capacity.queue_time_slo_s:g}s"
-            )
+            measured = "late share not measured now" if late is None else f"{late:.1%} late"
             detail += (
-                f" x headroom {headroom:.2f} ({measured}; "
-                f"sloAttainment {spec.capacity.slo_attainment:g})"
+                f" x headroom {headroom:.2f} ({measured}; allowed "
+                f"{1.0 - spec.capacity.slo_attainment:.1%} by sloAttainment)"
             )
         detail += f" -> {now_replicas}"
         if ahead_of.pending:

@@ -910,14 +910,23 @@ def test_the_same_offered_load_read_from_fleets_of_any_size_gives_the_same_need(
 # --- headroom in closed loop on measured attainment ---------------------------------------------
 
 
-@pytest.mark.parametrize("share", [0.95, 0.99])
+WAIT_MEAN_S = 4.0  # the plant's waits: exponential with this mean for the requests that wait
+
+
+def plant_queue_times(waiting_share: float) -> tuple[float, float]:
+    """(mean, p99) of queue times when `waiting_share` of the requests wait, exponentially."""
+    p99 = WAIT_MEAN_S * math.log(100.0 * waiting_share) if waiting_share > 0.01 else 0.0
+    return waiting_share * WAIT_MEAN_S, p99
+
+
+@pytest.mark.parametrize("share", [0.97, 0.99])
 def test_closed_loop_attainment_converges_to_its_target(share: float) -> None:
     """A synthetic trace with a known answer: the servers show a steady need of 10 replicas, but
-    the demand each window meets is uniform in 8-12 replicas, so a window is late (queue p99
-    above the SLO) when the demand exceeds the target the scaler set before it. Without
-    headroom half the windows are late. The closed loop moves log(headroom) up by a fixed rate
-    in late windows and down by (1 - share) / share of it in others, so over a long run (its
-    bounds not reached) the on-time share is `share`, whatever the demand's spread."""
+    the demand each window meets is uniform in 6-14 replicas; what exceeds the target the scaler
+    set before it waits (the overflow's share of the requests, waits exponential with a 4 s
+    mean), so the share of requests past the 2 s SLO is known in every window. Without headroom
+    ~4.7% of the requests are late. The closed loop is an integral controller on the late share,
+    so over a long run (its bounds not reached) the late share averages 1 - share."""
     import random
 
     spec = make_spec(
@@ -927,24 +936,46 @@ def test_closed_loop_attainment_converges_to_its_target(share: float) -> None:
         scaleToZeroIdleSeconds=86400,
     )
     draw = random.Random(7)
-    state, target, on_time, windows = PolicyState(), 10, 0, 0
+    state, target, late_total, windows = PolicyState(), 10, 0.0, 0
     for i in range(30_000):  # ~3.5 days of 10 s ticks
         at = T0 + 10.0 * i
-        late = draw.uniform(8.0, 12.0) > target
+        demand = draw.uniform(6.0, 14.0)
+        waiting = max(0.0, (demand - target) / demand)
         if i >= 3_000:  # after the loop has found its level
             windows += 1
-            on_time += not late
+            late_total += waiting * math.exp(-2.0 / WAIT_MEAN_S)
+        mean, p99 = plant_queue_times(waiting)
         signal = Signal(
             at=at,
             source="t",
             running=80.0,
             waiting=0.0,
-            queue_time_p99_s=3.0 if late else 0.5,
+            queue_time_mean_s=mean,
+            queue_time_p99_s=p99,
         )
         decision, state = decide(spec, signal, state, at, STALE, explain=False)
         assert decision is not None
         target = decision.replicas
-    assert on_time / windows == pytest.approx(share, abs=0.003)
-    assert 1.0 < math.exp(state.headroom_log) <= 1.2 + 1e-9  # 11-12 replicas, never the bound
+    assert late_total / windows == pytest.approx(1.0 - share, abs=0.1 * (1.0 - share))
+    assert 1.0 < math.exp(state.headroom_log) <= 1.4  # 11-14 replicas, never the bound
     explained, _ = decide(spec, signal, state, at + 10.0, STALE)
     assert explained is not None and "headroom" in explained.detail
+
+
+@pytest.mark.parametrize(
+    ("waiting_share", "slo_s"), [(0.5, 2.0), (0.2, 1.0), (1.0, 3.0), (0.05, 8.0), (0.02, 0.5)]
+)
+def test_the_late_share_is_read_back_from_a_mean_and_a_p99(
+    waiting_share: float, slo_s: float
+) -> None:
+    from scaler.policy import late_share
+
+    mean, p99 = plant_queue_times(waiting_share)
+    if waiting_share == 1.0:
+        mean, p99 = WAIT_MEAN_S, WAIT_MEAN_S * math.log(100.0)
+    expected = waiting_share * math.exp(-slo_s / WAIT_MEAN_S)
+    # Two (pi, theta) fit one (mean, p99): the larger late share is taken, never a smaller one.
+    assert late_share(mean, p99, slo_s) >= expected * (1 - 1e-6)
+    assert late_share(mean, p99, slo_s) <= 3 * expected
+    assert late_share(mean, p99, p99) == pytest.approx(0.01, rel=1e-6)
+    assert late_share(0.0, 0.0, slo_s) == 0.0
