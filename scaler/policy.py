@@ -260,7 +260,7 @@ def observe_service_fit(fit: Fit, signal: Signal, s: float | None, at: float) ->
     running, ready = signal.running, signal.ready_pods
     if s is not None and math.isfinite(s) and s > 0 and running is not None and ready:
         batch = running / ready
-        if math.isfinite(batch) and batch >= 1.0:
+        if batch >= 1.0 and math.isfinite(batch * batch + batch * s):  # no overflow kept
             point = (1, batch, s, batch * batch, batch * s)
             if kept and kept[-1][0] == bucket:
                 _, n, sb, ss, sbb, sbs = kept[-1]

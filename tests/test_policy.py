@@ -979,3 +979,50 @@ def test_the_late_share_is_read_back_from_a_mean_and_a_p99(
     assert late_share(mean, p99, slo_s) <= 3 * expected
     assert late_share(mean, p99, p99) == pytest.approx(0.01, rel=1e-6)
     assert late_share(0.0, 0.0, slo_s) == 0.0
+
+
+ANY_VALUE = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(0, 1e3),
+    st.sampled_from([0.0, 1e-300, 1e154, 1e308]),
+)
+
+
+@settings(PROPERTIES, max_examples=300)
+@given(
+    st.lists(
+        st.tuples(ANY_VALUE, ANY_VALUE, ANY_VALUE, ANY_VALUE, ANY_VALUE, ANY_VALUE, ANY_VALUE),
+        min_size=1,
+        max_size=30,
+    ),
+    st.one_of(st.none(), st.integers(0, 10**6)),
+)
+def test_any_signal_gives_a_bounded_decision_or_a_hold(
+    ticks: list[tuple[float | None, ...]], ready: int | None
+) -> None:
+    """Whatever the servers report (NaN, infinities, overflowing sums) into the operating-point
+    fit and the late-share loop, decide answers within the bounds or holds, and never keeps a
+    non-finite S or headroom."""
+    spec = make_spec(queueTimeSloSeconds=2, maxReplicas=50)
+    state = PolicyState()
+    for i, (running, waiting, arrival, s, mean, p99, kv) in enumerate(ticks):
+        at = T0 + 5.0 * i
+        signal = Signal(
+            at=at,
+            source="t",
+            running=running,
+            waiting=waiting,
+            arrival_rate=arrival,
+            service_time_s=s,
+            queue_time_mean_s=mean,
+            queue_time_p99_s=p99,
+            kv_cache_usage=kv,
+            ready_pods=ready,
+        )
+        decision, state = decide(spec, signal, state, at, STALE)
+        if decision is not None:
+            assert 0 <= decision.replicas <= 50
+        assert math.isfinite(state.headroom_log) and 0.0 <= state.headroom_log <= math.log(1.6)
+        for bucket in state.service_fit:
+            assert all(math.isfinite(v) for v in bucket[1:])
