@@ -17,7 +17,6 @@ each problem within `MAX_PROBLEM_CHARS`).
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import os
 import reprlib
@@ -32,11 +31,12 @@ import yaml
 from scaler.fields import (
     BY_KEY,
     NAME_RE,
+    REFERENCE_POINTER,
     SERVER_KEYS,
     TUNING_KEYS,
     FieldError,
-    Scope,
     check_bounds,
+    key_hint,
     parse_section,
     pattern,
 )
@@ -134,6 +134,11 @@ class _StrictLoader(yaml.SafeLoader):
         self._nodes = 0  # nodes composed so far, aliases expanded
         self._sizes: dict[int, int] = {}  # id(node) -> its size expanded, once it is complete
 
+    def compose_document(self) -> yaml.Node | None:
+        # Anchors are per document, so is the bound: each document of a manifest file gets its own.
+        self._nodes, self._sizes = 0, {}
+        return super().compose_document()
+
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()  # type: ignore[no-untyped-call]
@@ -208,25 +213,20 @@ def _section(doc: Mapping[str, Any], name: str, problems: list[FieldError]) -> M
     return value
 
 
-_BELONGS = {
-    Scope.SERVER: "the `server:` section",
-    Scope.TUNING: "`defaults:` or a profile",
-    Scope.TRIGGER: "the ScaledObject's trigger metadata",
-}
+# A section of at most this many keys lists them for an unknown key; a longer one points to
+# `scaler reference` (the tuning keys are about fifty).
+MAX_LISTED_KEYS = 8
 
 
 def _hint(key: str, known: tuple[str, ...]) -> str:
-    """Where a key of another section belongs, the accepted key a misspelt one is nearest to,
-    or else every accepted key."""
-    elsewhere = BY_KEY.get(key)
-    if elsewhere is not None and elsewhere.scope in _BELONGS:
-        return f"; {key} belongs in {_BELONGS[elsewhere.scope]}"
-    near = [k for k in known if k.lower() == key.lower()] or difflib.get_close_matches(
-        key[:MAX_PATH_CHARS], known, n=1
-    )
-    if near:
-        return f"; did you mean {near[0]!r}?"
-    return f"; accepted keys: {', '.join(known)}"
+    """Where a key of another section belongs or the accepted key a misspelt one is nearest to
+    (`fields.key_hint`), else the accepted keys of a short section, else where to read them."""
+    hint = key_hint(key, known)
+    if hint:
+        return hint
+    if len(known) <= MAX_LISTED_KEYS:
+        return f"; accepted keys: {', '.join(known)}"
+    return f"; {REFERENCE_POINTER}"
 
 
 def _parse_keys(
@@ -237,7 +237,7 @@ def _parse_keys(
     listed = ""  # the first path that lists the accepted keys; the others refer to it
     for key in unknown[:MAX_UNKNOWN_KEYS]:
         path, hint = f"{prefix}{cut(str(key), MAX_PATH_CHARS)}", _hint(str(key), allowed)
-        if hint.startswith("; accepted keys: "):
+        if hint.startswith("; accepted keys: ") and not hint.endswith(REFERENCE_POINTER):
             hint, listed = (
                 (hint, path) if not listed else (f"; accepted keys: as for {listed}", listed)
             )
@@ -308,13 +308,17 @@ def _too_large(source: str, size: int) -> ConfigError:
     )
 
 
-def load_config_text(text: str | bytes, source: str = "<text>") -> Config:
-    raw = text.encode() if isinstance(text, str) else text
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise _too_large(source, len(raw))
-    digest = hashlib.sha256(raw).hexdigest()
+def load_yaml_documents(raw: bytes, source: str) -> list[object]:
+    """Every YAML document of `raw`, loaded as the ConfigMap is (duplicate keys refused, each
+    document at most MAX_NODES nodes with its aliases expanded); ConfigError if it is not YAML.
+    Used for the config file (one document) and for `scaler check`'s manifests."""
+    loader = None
     try:
-        doc = yaml.load(raw, Loader=_StrictLoader)  # noqa: S506 - _StrictLoader is a SafeLoader
+        loader = _StrictLoader(raw)  # reads the encoding: a ReaderError on bytes that are no text
+        documents = []
+        while loader.check_data():  # type: ignore[no-untyped-call]
+            documents.append(loader.get_data())
+        return documents
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "<root>"
@@ -327,7 +331,23 @@ def load_config_text(text: str | bytes, source: str = "<text>") -> Config:
         raise ConfigError(
             source, [FieldError("<root>", "not valid YAML: nested too deeply")]
         ) from None
-    return parse_document(doc, source, digest)
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def load_config_text(text: str | bytes, source: str = "<text>") -> Config:
+    raw = text.encode() if isinstance(text, str) else text
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise _too_large(source, len(raw))
+    digest = hashlib.sha256(raw).hexdigest()
+    documents = load_yaml_documents(raw, source)
+    if len(documents) > 1:
+        raise ConfigError(
+            source,
+            [FieldError("<root>", f"{len(documents)} YAML documents; the config is one mapping")],
+        )
+    return parse_document(documents[0] if documents else None, source, digest)
 
 
 def read_config_bytes(path: str | Path) -> bytes:

@@ -8,6 +8,7 @@ as a string) or from a YAML scalar, and every rejection names the key and what i
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import math
 import re
@@ -704,12 +705,36 @@ TUNING_KEYS = tuple(f.key for f in FIELDS if f.scope is Scope.TUNING)
 SERVER_KEYS = tuple(f.key for f in FIELDS if f.scope is Scope.SERVER)
 
 
-def closest(key: str, known: tuple[str, ...]) -> str:
-    """A hint for a misspelt key: the known key that matches it case-insensitively, if any."""
-    for candidate in known:
-        if candidate.lower() == key.lower():
-            return f"; did you mean {candidate!r}?"
-    return ""
+# Where a key that another section takes belongs, as a hint names it.
+BELONGS = {
+    Scope.SERVER: "the `server:` section of the ConfigMap",
+    Scope.TUNING: "`defaults:` or a profile",
+    Scope.TRIGGER: "the ScaledObject's trigger metadata",
+}
+KEY_COMPARED_CHARS = 120  # of an unknown key, compared for a suggestion (difflib is quadratic)
+HINTED_KEYS = 20  # unknown keys of one mapping that get a suggestion; the rest, the bare message
+# What an unknown trigger key points to instead of listing every accepted key.
+REFERENCE_POINTER = "accepted keys: see `scaler reference`"
+
+
+def nearest_key(key: str, known: tuple[str, ...]) -> str | None:
+    """The known key a misspelt one is nearest to: the same letters in another case first, then
+    difflib's closest; None when nothing is close. The one place a key is suggested: trigger
+    metadata (the gRPC error), the ConfigMap, and `scaler check` (a ScaledObject's fields too)."""
+    near = [k for k in known if k.lower() == key.lower()] or difflib.get_close_matches(
+        key[:KEY_COMPARED_CHARS], known, n=1
+    )
+    return near[0] if near else None
+
+
+def key_hint(key: str, known: tuple[str, ...]) -> str:
+    """The hint for an unknown setting: where it belongs when another section takes it, else the
+    accepted key it is nearest to, else ""."""
+    elsewhere = BY_KEY.get(key)
+    if elsewhere is not None and key not in known and elsewhere.scope in BELONGS:
+        return f"; {key} belongs in {BELONGS[elsewhere.scope]}"
+    near = nearest_key(key, known)
+    return f"; did you mean {near!r}?" if near else ""
 
 
 def parse_section(
@@ -718,13 +743,14 @@ def parse_section(
     """Parse a flat mapping of keys to raw values; collect every problem instead of stopping."""
     values: dict[str, Any] = {}
     problems: list[FieldError] = []
+    unknown = 0
     for key, raw_value in raw.items():
         path = f"{prefix}{key}"
         if key not in allowed:
-            hint = closest(str(key), allowed)
-            problems.append(
-                FieldError(path, f"unknown key{hint}; accepted keys: {', '.join(allowed)}")
-            )
+            unknown += 1
+            hint = key_hint(str(key), allowed) if unknown <= HINTED_KEYS else ""
+            tail = f" ({REFERENCE_POINTER})" if hint else f"; {REFERENCE_POINTER}"
+            problems.append(FieldError(path, f"unknown key{hint}{tail}"))
             continue
         try:
             values[key] = BY_KEY[key].value(raw_value, path)

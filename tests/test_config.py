@@ -146,7 +146,7 @@ PROBLEMS = [
     pytest.param(
         "defaults:\n  colour: blue\n",
         "defaults.colour",
-        [f"unknown key; accepted keys: {', '.join(TUNING_KEYS)}"],
+        ["unknown key; accepted keys: see `scaler reference`"],
         id="defaults-unknown-key",
     ),
     pytest.param(
@@ -170,7 +170,7 @@ PROBLEMS = [
     pytest.param(
         "profiles:\n  p:\n    colour: blue\n",
         "profiles.p.colour",
-        ["unknown key; accepted keys: serverAddress"],
+        ["unknown key; accepted keys: see `scaler reference`"],
         id="profile-unknown-key",
     ),
     pytest.param(
