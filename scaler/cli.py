@@ -1,4 +1,4 @@
-"""`scaler` command line: serve, check-config, signals, explain, demo, bench, reference."""
+"""`scaler` command line: serve, check, check-config, signals, explain, demo, bench, reference."""
 
 from __future__ import annotations
 
@@ -90,6 +90,12 @@ def _check_config(args: argparse.Namespace) -> int:
             continue
         print(f"{path}: ok ({len(config.profiles)} profiles)")
     return 1 if failed else 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from scaler.check import run
+
+    return run(args.files, args.config, args.scaler_address or "")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -453,6 +459,26 @@ def parser() -> argparse.ArgumentParser:
     )
     check.add_argument("files", nargs="+", metavar="FILE")
     check.set_defaults(run=_check_config)
+    lint = sub.add_parser(
+        "check",
+        help="lint manifests before applying them: ScaledObjects (KEDA's schema, the trigger "
+        "metadata and tuning, the KEDA settings this scaler needs), the scaler's ConfigMap, "
+        "config files; exit 1 on a problem, 2 on a file that is not YAML",
+    )
+    lint.add_argument("files", nargs="+", metavar="FILE", help="YAML, multi-document; - for stdin")
+    lint.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the tuning config (the ConfigMap's config.yaml) to resolve triggers against "
+        "(default: the first ConfigMap or config file among FILE)",
+    )
+    lint.add_argument(
+        "--scaler-address",
+        metavar="HOST:PORT",
+        help="check only the external triggers whose scalerAddress is this (default: every "
+        "external and external-push trigger)",
+    )
+    lint.set_defaults(run=_check)
 
     from scaler.demo import DEMO_COLD_START_S, DEMO_PLOTS, DEMO_SCALE, DEMO_TRACE
 

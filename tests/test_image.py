@@ -71,6 +71,12 @@ IMAGE_COMMANDS = (
     ["serve", "--help"],
     ["companion", "--help"],
     ["check-config", "--help"],
+    # The ScaledObject schema is package data: this runs on the wheel's own copy.
+    [
+        "check",
+        str(REPO / "deploy/examples/scaledobject-vllm.yaml"),
+        str(REPO / "deploy/base/configmap.yaml"),
+    ],
     ["explain", "--help"],
     ["signals", "--help"],
     ["reference"],
