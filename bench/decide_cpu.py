@@ -10,8 +10,9 @@ so on a restart of 1,000 ScaledObjects it is what the first calls wait on (`scal
 no I/O), best of `--repeats`:
 
 - *history*: the synthetic source's history read (a stand-in for Prometheus's range queries);
-- *replay, detail*: `decide` tick by tick as a live tick runs it (explain=True);
-- *replay, quiet*: as the engine replays (explain=False: the same decisions, no detail text);
+- *replay, detail*: `Decider.tick` tick by tick as a live tick runs it (explain=True);
+- *replay, quiet*: `Decider.replay`, as the engine replays (explain=False: the same decisions,
+  no detail text);
 - *value*: one `Decision` built as the NamedTuple it is, against the same fields as a frozen
   dataclass (what it was before).
 
@@ -29,8 +30,9 @@ from collections.abc import Callable
 
 from scaler.bench.load import trigger_metadata
 from scaler.config import Config
+from scaler.decider import Decider
 from scaler.engine import history_segments, read_history, tick_at_or_before
-from scaler.policy import Decision, PolicyState, decide
+from scaler.policy import Decision
 from scaler.signals import Signal
 from scaler.sources.synthetic import SyntheticSource
 from scaler.trigger import TriggerCache
@@ -52,10 +54,16 @@ def best(repeats: int, run: Callable[[], object]) -> float:
 
 
 def replay(histories: list[tuple[WorkloadSpec, list[Signal]]], explain: bool) -> None:
+    """Every history through a new workload's `Decider`: live ticks (explain) or its replay."""
     for spec, history in histories:
-        state = PolicyState()
-        for signal in history:
-            _, state = decide(spec, signal, state, signal.at, STALE_S, explain=explain)
+        decider = Decider(spec, stale_s=STALE_S)
+        if explain:
+            with decider.replaying():  # as `replay` does, the detail apart
+                for signal in history:
+                    decider.tick(signal, signal.at)
+        else:
+            decider.replay(history)
+        decider.release()
 
 
 def main() -> None:
@@ -87,7 +95,7 @@ def main() -> None:
         "FrozenDecision", [(name, object) for name in Decision._fields], frozen=True
     )
     spec, history = histories[0]
-    sample, _ = decide(spec, history[-1], PolicyState(), history[-1].at, STALE_S)
+    sample = Decider(spec, stale_s=STALE_S).tick(history[-1], history[-1].at)
     assert sample is not None
     fields = sample._asdict()  # a real decision's values, built both ways below
     named_s = best(args.repeats, lambda: [Decision(**fields) for _ in range(VALUES)])

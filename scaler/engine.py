@@ -39,23 +39,14 @@ import time
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
-from contextlib import contextmanager
 from enum import Enum
 from typing import Any, NamedTuple, TypeVar
 
 from scaler import telemetry
 from scaler.config_watch import ConfigStore
-from scaler.forecast_bank import BankedForecast, ForecastBanks
-from scaler.outlook import NeedForecast, Outlook
-from scaler.policy import (
-    TICK_TOLERANCE_S,
-    Decision,
-    PolicyState,
-    Reason,
-    decide,
-    hold,
-    policy_memory_s,
-)
+from scaler.decider import Decider
+from scaler.forecast_bank import ForecastBanks
+from scaler.policy import TICK_TOLERANCE_S, Decision, policy_memory_s
 from scaler.signals import Signal
 from scaler.sources import Source, SourceError, Sources
 from scaler.trigger import TriggerSpec
@@ -327,10 +318,9 @@ class WarmStartTurn:
 
 
 class Workload:
-    """One workload's loop state. Its forecast is a row of a shared `ForecastBank` (the engine's
-    `banks`; a workload built alone gets banks of its own, so the same code runs in the simulator),
-    except while `replaying` history, when it learns on a `NeedForecast` of its own that then
-    joins the bank with the same state."""
+    """One workload's loop state. Its decision state and forecast seat are its `Decider`
+    (`scaler.decider`, the one tick implementation the simulator and the benches run too), made
+    at its first resolved spec; its forecast is a row of the engine's shared `banks`."""
 
     def __init__(
         self, trigger: TriggerSpec, asked_at: float, banks: ForecastBanks | None = None
@@ -341,10 +331,8 @@ class Workload:
         # Why there is no decision, as values: an exception kept and raised again at every call
         # would keep every earlier raise's frames in its traceback.
         self.problem: tuple[Fault, str] | None = None
-        self.state = PolicyState()
         self.banks = banks if banks is not None else ForecastBanks()
-        self.forecast: BankedForecast | NeedForecast | None = None
-        self._replaying = False
+        self.decider: Decider | None = None  # made at the first resolved spec (`decider_for`)
         self.last_tick: float | None = None
         self.first = asyncio.Event()  # the first evaluation has finished (with or without result)
         self._updated: asyncio.Event | None = None  # see `updated`
@@ -355,54 +343,25 @@ class Workload:
         # replaced, never changed) and its result, a spec or the message of the error to raise.
         self.resolved: tuple[object, object, WorkloadSpec | str] | None = None
 
-    def outlook(self, spec: WorkloadSpec) -> Outlook | None:
-        """The current forecast outlook (None with forecasting off), built on first use and
-        rebuilt when its step, horizon or season change."""
-        if not spec.forecast:
-            self.release_forecast()
+    def decider_for(self, spec: WorkloadSpec, stale_s: float) -> Decider:
+        """The workload's decider, configured for this tick's spec and stale target."""
+        if self.decider is None:
+            self.decider = Decider(spec, self.banks, stale_s)
+        else:
+            self.decider.configure(spec, stale_s)
+        return self.decider
+
+    def hold(self, at: float, stale_s: float, faults: tuple[str, ...]) -> Decision | None:
+        """No signal this tick: the last good decision held (None before any, or once stale)."""
+        if self.decider is None:
             return None
-        shape = (spec.forecast_step_s, spec.horizon_s, spec.season_period_s)
-        current = self.forecast
-        if current is None or (current.step_s, current.horizon_s, current.period_s) != shape:
-            self.release_forecast()
-            current = self.forecast = (
-                NeedForecast(*shape) if self._replaying else self.banks.join(*shape)
-            )
-        return current.outlook
+        self.decider.stale_s = stale_s
+        return self.decider.hold(at, faults)
 
     def release_forecast(self) -> None:
-        """Give the forecast's bank row back (the loop ended, forecasting turned off or changed)."""
-        if isinstance(self.forecast, BankedForecast):
-            self.forecast.release()
-        self.forecast = None
-
-    @contextmanager
-    def replaying(self) -> Iterator[None]:
-        """Replay history: it is older than the bank's open bin, so the forecast learns it on a
-        `NeedForecast` of its own, which then joins the bank (`ForecastBank.adopt`) holding what
-        a row live all along would hold."""
-        self.release_forecast()
-        self._replaying = True
-        try:
-            yield
-        finally:
-            self._replaying = False
-            private = self.forecast
-            if isinstance(private, NeedForecast):
-                seat = self.banks.join(private.step_s, private.horizon_s, private.period_s)
-                seat.adopt(private)
-                self.forecast = seat
-
-    def learn(self, spec: WorkloadSpec, at: float, decision: Decision | None) -> None:
-        """Feed the demand behind a fresh decision (not a held one) to the forecaster: the
-        offered load when it is known (`capacity.offered`), else the need. The need of a queued
-        fleet depends on the fleet itself (a short fleet queues, then drains), the offered load
-        does not, and that is what is ahead of us to forecast."""
-        if self.forecast is not None and spec.forecast:
-            value = None
-            if decision is not None and decision.reason is not Reason.HOLD:
-                value = decision.demand
-            self.forecast.observe(at, value)
+        """Give the forecast's bank row back (the loop ended)."""
+        if self.decider is not None:
+            self.decider.release()
 
     @property
     def updated(self) -> asyncio.Event:
@@ -668,9 +627,8 @@ class Engine:
     ) -> None:
         """Feed `history` (up to the tick `end`) through the policy, then the ticks that passed
         meanwhile (at most WARM_START_CATCH_UPS more reads), as a running replica decided them."""
-        stale = self._store.current.server.stale_target_s
-        state = workload.state
-        with workload.replaying():
+        decider = workload.decider_for(spec, self._store.current.server.stale_target_s)
+        with decider.replaying():
             # A replay is tens of decisions (ms of CPU): it takes turns in slices, so it holds
             # the event loop, and the RPCs waiting on it, for REPLAY_SLICE_S at a time. The
             # first slice takes one too: warm starts whose history reads end together would
@@ -681,16 +639,7 @@ class Engine:
                     if time.perf_counter() >= slice_end:
                         await self._turns.take()
                         slice_end = time.perf_counter() + REPLAY_SLICE_S
-                    decision, state = decide(  # nobody reads a replayed decision's detail
-                        spec,
-                        signal,
-                        state,
-                        signal.at,
-                        stale,
-                        outlook=workload.outlook(spec),
-                        explain=False,
-                    )
-                    workload.learn(spec, signal.at, decision)
+                    decider.tick(signal, signal.at, explain=False)  # no one reads its detail
                 # A tick that passed during the replay is replayed too, as a running replica
                 # evaluated it: the first live tick is then the one after it.
                 later = tick_at_or_before(self._clock(), interval, workload.phase)
@@ -703,7 +652,6 @@ class Engine:
                 except Exception:  # replayed so far is kept; the live ticks take over
                     break
                 end = later
-        workload.state = state
 
     async def _evaluate(self, workload: Workload, at: float) -> None:
         stale = self._store.current.server.stale_target_s
@@ -732,7 +680,7 @@ class Engine:
                     + (str(exc) or (timed_out if isinstance(exc, TimeoutError) else repr(exc))),
                 )
             )
-            decision = hold(workload.state, at, stale, (problem.message,))
+            decision = workload.hold(at, stale, (problem.message,))
             bug = not isinstance(exc, (NoDecisionError, SourceError, TimeoutError))
             workload.source_failures.failed(
                 workload.trigger.workload,
@@ -745,10 +693,7 @@ class Engine:
             workload.publish(decision, None if decision else problem)
             return
         workload.source_failures.succeeded(workload.trigger.workload, self._monotonic())
-        decision, workload.state = decide(
-            spec, signal, workload.state, at, stale, outlook=workload.outlook(spec)
-        )
-        workload.learn(spec, at, decision)
+        decision = workload.decider_for(spec, stale).tick(signal, at)
         telemetry.evaluation_counter("decided" if decision else "none").inc()
         missing = None
         if decision is None:

@@ -276,7 +276,7 @@ class ForecastBank:
 
 
 class BankedForecast:
-    """A workload's row in a bank: what `scaler.engine.Workload` holds in place of a
+    """A workload's row in a bank: what a `scaler.decider.Decider` holds in place of a
     `NeedForecast` (same `observe` and `outlook`)."""
 
     def __init__(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from scaler import decider as decider_module
 from scaler import engine as engine_module
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
@@ -135,7 +136,7 @@ async def test_a_decision_log_line_carries_the_decision_id_of_the_decision_it_lo
             made.append(decision)
         return decision, state
 
-    monkeypatch.setattr(engine_module, "decide", recording_decide)
+    monkeypatch.setattr(decider_module, "decide", recording_decide)
     source = BuggySource()
     engine = Engine(ConfigStore(Config(server=SETTINGS)), sources=lambda _: source)
     trigger = parse_trigger("team-a", "llama", synthetic())

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from scaler.config import Config
-from scaler.engine import Workload
+from scaler.decider import Decider
 from scaler.forecast import ScalerForecaster
 from scaler.forecast_bank import BankedForecast, ForecastBank, ForecastBanks, _outlooks
 from scaler.outlook import NeedForecast, Outlook
@@ -264,14 +264,13 @@ def spec(**metadata: str) -> WorkloadSpec:
 
 
 def test_a_workload_alone_forecasts_as_a_need_forecast_and_its_replay_joins_clean() -> None:
-    """`Workload.outlook` / `.learn` without an engine (the simulator): a private bank, the same
-    numbers as a NeedForecast; a replayed workload on shared banks ends up with a live one."""
+    """`Decider.outlook` / `.learn` without an engine (the simulator): a private bank, the same
+    numbers as a NeedForecast; a replayed decider on shared banks ends up with a live one."""
     workload_spec = spec(forecastStepSeconds="10", horizonSeconds="60")
-    trigger = parse_trigger("team-a", "llama", {"backend": "synthetic"})
-    alone = Workload(trigger, 0.0)
+    alone = Decider(workload_spec)
     shared = ForecastBanks()
-    live = Workload(trigger, 0.0, shared)
-    replayed = Workload(trigger, 0.0, shared)
+    live = Decider(workload_spec, shared)
+    replayed = Decider(workload_spec, shared)
     reference = NeedForecast(
         workload_spec.forecast_step_s, workload_spec.horizon_s, workload_spec.season_period_s
     )
@@ -279,14 +278,14 @@ def test_a_workload_alone_forecasts_as_a_need_forecast_and_its_replay_joins_clea
     for k, value in enumerate(demands[:300]):
         at = T0 + k * INTERVAL
         for workload in (alone, live):
-            workload.outlook(workload_spec)
+            workload.outlook()
             assert workload.forecast is not None
             workload.forecast.observe(at, value)
         reference.observe(at, value)
-        assert alone.outlook(workload_spec) == reference.outlook
+        assert alone.outlook() == reference.outlook
     with replayed.replaying():
         for k, value in enumerate(demands[:300]):
-            replayed.outlook(workload_spec)
+            replayed.outlook()
             assert isinstance(replayed.forecast, NeedForecast)
             replayed.forecast.observe(T0 + k * INTERVAL, value)
     assert isinstance(replayed.forecast, BankedForecast)
@@ -297,10 +296,11 @@ def test_a_workload_alone_forecasts_as_a_need_forecast_and_its_replay_joins_clea
         for workload in (live, replayed):
             assert workload.forecast is not None
             workload.forecast.observe(at, value)
-        assert replayed.outlook(workload_spec) == live.outlook(workload_spec) is not None
-    live.release_forecast()
+        assert replayed.outlook() == live.outlook() is not None
+    live.release()
     assert live.forecast is None and len(replayed.forecast.bank) == 1
-    assert replayed.outlook(spec(forecast="off")) is None
+    replayed.configure(spec(forecast="off"), replayed.stale_s)
+    assert replayed.outlook() is None
     assert not list(shared)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from scaler import cli
+from scaler import decider as decider_module
 from scaler.sim import policies
 from scaler.sim.policies import NAMES
 from scaler.sim.profiles import get_profile
@@ -75,13 +76,13 @@ def test_no_policy_beats_the_oracle(bench: BenchResult) -> None:
 
 def test_the_scaler_policy_calls_the_real_decide(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[float] = []
-    real = policies.decide
+    real = decider_module.decide
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         calls.append(args[3])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(policies, "decide", spy)
+    monkeypatch.setattr(decider_module, "decide", spy)
     requests = build_requests(load_trace(TRACE), scale=1.0, duration_s=60.0)
     config = SimConfig(
         get_profile("llama3-8b-a100"), warm_window_s=30.0, drain_s=60.0, policies=("scaler",)

@@ -27,8 +27,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from scaler.config import Config
-from scaler.engine import Workload
-from scaler.policy import Decision, PolicyState, decide
+from scaler.decider import Decider
+from scaler.policy import Decision
 from scaler.sim.autoscalers import (
     HPA_SYNC_S,
     SCALER_BEHAVIOR,
@@ -220,8 +220,8 @@ def scaler_metadata(
 
 
 class ScalerPolicy:
-    """This scaler: every evaluationIntervalSeconds the engine's steps (signal -> decide ->
-    learn, with `scaler.engine.Workload` keeping the forecast exactly as the server does); KEDA
+    """This scaler: every evaluationIntervalSeconds one tick of the `scaler.decider.Decider` the
+    server's engine runs (signal -> decide -> learn, the forecast seat included); KEDA
     polls IsActive (= decision.active) every 30 s with cooldownPeriod 300 s, and the HPA reads
     GetMetrics (= decision.replicas, AverageValue target 1) every 15 s with the behavior the
     project's ScaledObject examples set (tolerance 0, no stabilization windows)."""
@@ -232,29 +232,17 @@ class ScalerPolicy:
         self.config = config or Config()
         trigger = parse_trigger("bench", "llama-3-8b", metadata)
         self.spec: WorkloadSpec = resolve(trigger, self.config)
-        self.workload = Workload(trigger, 0.0)
-        self.state = PolicyState()
+        self.decider = Decider(self.spec, stale_s=self.config.server.stale_target_s)
         self.decision: Decision | None = None
         self.interval = self.config.server.evaluation_interval_s
-        self.stale_s = self.config.server.stale_target_s
         self.next_eval = -math.inf
         self.keda = Keda(0)
         self.hpa = Hpa(max(1, self.spec.min_replicas), self.spec.max_replicas, SCALER_BEHAVIOR)
         self.decisions: list[Decision] = []
 
     def evaluate(self, at: float, fleet: Fleet) -> Decision | None:
-        """One engine tick (scaler.engine.Engine._evaluate without the I/O)."""
-        signal = fleet.signal(at)
-        decision, self.state = decide(
-            self.spec,
-            signal,
-            self.state,
-            at,
-            self.stale_s,
-            outlook=self.workload.outlook(self.spec),
-        )
-        self.workload.learn(self.spec, at, decision)
-        return decision
+        """One engine tick (the engine's `Decider.tick`, on the signal the fleet exposes)."""
+        return self.decider.tick(fleet.signal(at), at)
 
     def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
         if at + 1e-9 >= self.next_eval:
