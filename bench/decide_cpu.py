@@ -2,8 +2,8 @@
 
 Usage: python bench/decide_cpu.py [--workloads 200] [--repeats 5]
 
-A new workload's first answer waits for its warm start: the policy's memory (300 s at the
-defaults, ~60 ticks) read from history and replayed through `decide`, so that a replica that just
+A new workload's first answer waits for its warm start: the policy's memory
+(`policy.policy_memory_s`, one tick per evaluation interval) read from history and replayed through `decide`, so that a replica that just
 started answers as one that ran all along. That is CPU on the event loop that serves the RPCs,
 so on a restart of 1,000 ScaledObjects it is what the first calls wait on (`scaler bench load`,
 "first per object"). In this process, on the `scaler bench load` workloads (synthetic sources,
