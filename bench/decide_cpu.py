@@ -3,11 +3,11 @@
 Usage: python bench/decide_cpu.py [--workloads 200] [--repeats 5]
 
 A new workload's first answer waits for its warm start: the policy's memory
-(`policy.policy_memory_s`, one tick per evaluation interval) read from history and replayed through `decide`, so that a replica that just
-started answers as one that ran all along. That is CPU on the event loop that serves the RPCs,
-so on a restart of 1,000 ScaledObjects it is what the first calls wait on (`scaler bench load`,
-"first per object"). In this process, on the `scaler bench load` workloads (synthetic sources,
-no I/O), best of `--repeats`:
+(`policy.policy_memory_s`, one tick per evaluation interval) read from history and replayed
+through `decide`, so that a replica that just started answers as one that ran all along. That
+is CPU on the event loop that serves the RPCs, so on a restart of 1,000 ScaledObjects it is what
+the first calls wait on (`scaler bench load`, "first per object"). In this process, on the
+`scaler bench load` workloads (synthetic sources, no I/O), best of `--repeats`:
 
 - *history*: the synthetic source's history read (a stand-in for Prometheus's range queries);
 - *replay, detail*: `Decider.tick` tick by tick as a live tick runs it (explain=True);
