@@ -140,9 +140,8 @@ def crd_text() -> str:
 def _validator() -> jsonschema.protocols.Validator:
     crd = yaml.safe_load(crd_text())
     [version] = [v for v in crd["spec"]["versions"] if v["name"] == SCALED_OBJECT[0].split("/")[1]]
-    schema = _strict(version["schema"]["openAPIV3Schema"])
-    schema["properties"].pop("status", None)  # written by KEDA, never by a manifest
-    return jsonschema.Draft202012Validator(schema)
+    # `status` stays: `kubectl get scaledobject -o yaml | scaler check -` carries KEDA's own.
+    return jsonschema.Draft202012Validator(_strict(version["schema"]["openAPIV3Schema"]))
 
 
 def field_path(parts: Sequence[object]) -> str:
@@ -402,6 +401,16 @@ def _read(name: str) -> bytes:
     return data
 
 
+def _items(documents: list[object]) -> list[object]:
+    """The documents, with a `kind: List` (what `kubectl get -o yaml` prints for several
+    objects) replaced by its items."""
+    found: list[object] = []
+    for doc in documents:
+        items = doc.get("items") if isinstance(doc, Mapping) and doc.get("kind") == "List" else None
+        found.extend(items if isinstance(items, list) else [doc])
+    return found
+
+
 def _label(kind: str, meta: object, index: int, count: int) -> str:
     meta = meta if isinstance(meta, Mapping) else {}
     name, namespace = meta.get("name"), meta.get("namespace")
@@ -448,7 +457,7 @@ def run(files: Sequence[str], config_file: str | None = None, scaler_address: st
     for name in files:
         shown = "<stdin>" if name == "-" else name
         try:
-            documents = load_yaml_documents(_read(name), shown)
+            documents = _items(load_yaml_documents(_read(name), shown))
         except ConfigError as exc:
             state.unreadable = True
             state.say([f"{shown}: {p}" for p in exc.problems])

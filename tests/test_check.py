@@ -425,6 +425,28 @@ def test_config_option_resolves_the_triggers(
     ]
 
 
+def test_a_live_object_and_a_list_as_kubectl_prints_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kubectl get scaledobject -o yaml`: KEDA's status passes, a misspelt status field does not;
+    several objects come as a `kind: List`."""
+    live = scaled_object(
+        status={
+            "scaleTargetKind": "apps/v1.Deployment",
+            "originalReplicaCount": 1,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "ScalerReady"}],
+            "health": {"s0-synthetic-llama": {"numberOfFailures": 0, "status": "Happy"}},
+        }
+    )
+    listed = {"apiVersion": "v1", "kind": "List", "items": [live, scaled_object(spec__x=1)]}
+    code, lines = lint(tmp_path, capsys, listed)
+    assert code == 1
+    assert lines[0].startswith(HEAD + "ok (1 trigger")
+    assert lines[1].startswith(HEAD + "spec.x: unknown field; accepted: advanced, ")
+    code, lines = lint(tmp_path, capsys, scaled_object(status={"helth": {}}))
+    assert (code, lines) == (1, [HEAD + "status.helth: unknown field; did you mean health?"])
+
+
 # --- input: stdin, not YAML, missing, bounded output ----------------------------------------------
 
 
@@ -463,6 +485,20 @@ def test_a_file_that_is_not_yaml_exits_2(
     assert code == 2
     assert lines[0].startswith("not.yaml: line 2, column 1: not valid YAML: ")
     assert lines[1].startswith("binary.yaml: ") and "not valid YAML" in lines[1]
+
+
+def test_a_billion_laughs_document_is_stopped_within_its_own_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each document gets the ConfigMap's node bound (anchors do not cross documents): a bomb
+    after a good document is one line and exit 2."""
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
+    )
+    (tmp_path / "so.yaml").write_text(yaml.safe_dump(scaled_object()) + "---\n" + bomb)
+    code, lines = run_main(tmp_path, capsys, "check", "so.yaml")
+    assert code == 2
+    assert len(lines) == 1 and "not accepted: more than 10000 nodes" in lines[0], lines
 
 
 def test_output_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
