@@ -89,6 +89,13 @@ class Need(NamedTuple):
     # The S that holds under load (`loaded_service_time`) this need was computed with, if any:
     # the policy's window of S (the forecaster's offered load) reads it from here.
     loaded_s: float | None = None
+    # The replicas on their way that the queue term keeps while the queue they will meet is not
+    # empty (0: none): a floor of what was already asked for, not demand, so the policy's
+    # headroom multiplies the demand and not this (else each tick's headroom would compound on
+    # the last tick's ask: a queue with replicas on their way ran the target to maxReplicas).
+    floor: float = 0.0
+    # The need without that floor (equal to `replicas` when the floor did not set it).
+    demand: float | None = None
 
     def describe(self) -> str:
         shown = ", ".join(f"{name}={value:.2f}" for name, value in self.terms.items())
@@ -202,8 +209,9 @@ def arrivals_seen(
 
 def queue_term(
     signal: Signal, spec: CapacitySpec, fleet: Fleet, s: float | None
-) -> tuple[float, float] | None:
-    """The `queue` term and its steady part (the flow) at service time `s`, or None when it
+) -> tuple[float, float, float] | None:
+    """The `queue` term, its steady part (the flow) and the floor of replicas on their way it
+    keeps (`Need.floor`) at service time `s`, or None when it
     cannot be computed (no ready-pod count, no horizon, no `s`, no arrivals or queue known).
     `need` passes the S that holds under load (`loaded_service_time`), or Little's law's S while
     less than a request waits.
@@ -237,9 +245,8 @@ def queue_term(
     draining = signal.running or 0.0 if waiting >= 1.0 else 0.0
     slots = max(flow, draining) + today * s / drain_s + (backlog - today) * s / fleet.horizon_s
     queue = slots / spec.target_concurrency
-    if ahead.pending_meet > 0:
-        queue = max(queue, fleet.ready + fleet.pending)
-    return queue, flow / spec.target_concurrency
+    floor = float(fleet.ready + fleet.pending) if ahead.pending_meet > 0 else 0.0
+    return queue, flow / spec.target_concurrency, floor
 
 
 def need(
@@ -263,8 +270,9 @@ def need(
         loaded = loaded_service_time(signal, spec)
     queued = queue_term(signal, spec, fleet, loaded) if fleet is not None else None
     steady_queue: float | None = None
+    floor = 0.0
     if queued is not None:
-        terms["queue"], steady_queue = queued
+        terms["queue"], steady_queue, floor = queued
         s = loaded
     elif in_flight is not None:
         terms["concurrency"] = in_flight / per_replica
@@ -274,7 +282,7 @@ def need(
             # more waiting never needs fewer replicas, and the replicas on their way are kept.
             calm = queue_term(signal, spec, fleet, s)
             if calm is not None:
-                terms["queue"], steady_queue = calm
+                terms["queue"], steady_queue, floor = calm
     if s is not None and signal.arrival_rate is not None:
         terms["littles_law"] = signal.arrival_rate * s / per_replica
     queue_time = (
@@ -310,9 +318,20 @@ def need(
         del terms[name]  # what is left keeps its order: the first of equal terms names the need
     if not terms:
         return None
+    demand = max(terms.values())
+    if floor > terms.get("queue", 0.0):
+        terms["queue"] = floor
     term = max(terms, key=terms.__getitem__)
     if steady_queue is None:
-        return Need(terms[term], term, terms, steady=terms[term], loaded_s=loaded)
+        return Need(terms[term], term, terms, steady=terms[term], loaded_s=loaded, demand=demand)
     lasting = [v for name, v in terms.items() if name not in ("queue", "queue_slo")]
     steady = max([steady_queue, *lasting])
-    return Need(terms[term], term, terms, steady=min(steady, terms[term]), loaded_s=loaded)
+    return Need(
+        terms[term],
+        term,
+        terms,
+        steady=min(steady, demand),
+        loaded_s=loaded,
+        floor=floor,
+        demand=demand,
+    )

@@ -463,7 +463,10 @@ def decide(
 
     headroom_log, late = closed_loop_headroom(spec, signal, state, at)
     headroom = math.exp(headroom_log)
-    need = required.replicas * headroom
+    # The headroom covers demand; the replicas on their way the queue keeps are a floor as
+    # they are (`capacity.Need.floor`).
+    demand = required.demand if required.demand is not None else required.replicas
+    need = max(demand * headroom, required.floor)
     now_replicas = max(0, math.ceil(need - EPSILON))
     service_seen = observe_service_time(state.service_seen, required.loaded_s, at)
     # The window remembers the steady need (without a backlog's drain), so the replicas a

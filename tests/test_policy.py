@@ -507,6 +507,38 @@ def test_a_cold_start_queue_is_not_asked_for_twice() -> None:
     assert queue_terms, "the queue term (with replicas on their way) set the need"
 
 
+def test_the_headroom_does_not_compound_on_the_replicas_already_on_their_way() -> None:
+    # A queue waits on 24 ready replicas while more are on their way, with a learned headroom
+    # of x1.5. The replicas on their way are a floor the queue term keeps, not demand: with the
+    # headroom multiplied onto that floor, each tick's target became the next tick's floor and
+    # grew x1.5 a tick, to maxReplicas within seconds (seen on a bursty trace). The target is
+    # max(demand x headroom, floor): the same on every tick of a steady signal.
+    spec = make_spec(
+        coldStartSeconds=180,
+        pollingIntervalSeconds=30,
+        queueTimeSloSeconds=2,
+        maxReplicas=500,
+        serviceTimeSeconds=5,
+    )
+
+    def run(headroom: float) -> list[int]:
+        state, targets = PolicyState(headroom_log=math.log(headroom)), []
+        for i in range(12):
+            at = T0 + 5.0 * i
+            signal = Signal(
+                at=at, source="t", running=200.0, waiting=90.0, arrival_rate=70.0, ready_pods=24
+            )
+            decision, state = decide(spec, signal, state, at, STALE)
+            assert decision is not None
+            targets.append(decision.replicas)
+        return targets
+
+    plain, held = run(1.0), run(1.5)
+    assert len(set(plain)) == 1, plain  # without headroom the ask is steady
+    assert all(n <= math.ceil(1.5 * plain[0]) for n in held), (plain[0], held)
+    assert len(set(held)) == 1, held  # the ask settles, it does not climb
+
+
 def test_a_fresh_state_holds_the_fleet_it_finds_for_one_window() -> None:
     # A scaler restarted without history finds 29 ready replicas and a light load. Like the HPA,
     # which seeds its window with the current replicas, it keeps them for one stabilization
