@@ -15,15 +15,23 @@ passed in and returned, so a pass can be logged, replayed and tested.
    pool is held: nothing is lowered on data the companion lacks. Placeholders do not fall
    (they may rise on the known workloads' forecast), a peak budget present stays, and a GPU
    limit guard stays only if it is on already and no known workload wants capacity.
-3. placeholders = ceil(max(0, forecast GPUs - live GPUs) / placeholder_gpus), capped at
-   `max_placeholders`; live GPUs = what the workloads' live pods (`Placement.live_pods`: Pending
-   or Running, not terminating) hold or are getting. A Pending GPU pod already makes Karpenter
-   launch a node for it, so counting only Running pods would buy placeholders for GPUs already
-   on order. Placeholders are negative-priority pause pods pinned to the pool, so they stand for
-   exactly the GPUs the workloads will need and have not asked for yet: where the ready nodes
-   lack them, the pending placeholders make Karpenter launch nodes a horizon early; where free
-   GPUs exist they keep those nodes from being consolidated; when a real replica comes, it
-   preempts one.
+3. placeholders = ceil((ahead + held lag) / placeholder_gpus), capped at `max_placeholders`;
+   live GPUs = what the workloads' live pods (`Placement.live_pods`: Pending or Running, not
+   terminating) hold or are getting, target GPUs = the scaler's targets (capped as in rule 1).
+   A Pending GPU pod already makes Karpenter launch a node for it, so counting only Running pods
+   would buy placeholders for GPUs already on order. `ahead` = forecast GPUs - max(target GPUs,
+   live GPUs): capacity nobody has asked for, bought at once. The lag = target GPUs - live GPUs
+   is the target the HPA has not applied yet; it is on order too (the HPA creates those pods at
+   its next sync, at most 15 s away, and they make Karpenter launch their nodes), so only the
+   part that was already missing at the last pass (`state.last_lag_gpus`: a scale-up the HPA's
+   rate limits spread over several syncs) is pre-warmed. A placeholder bought for pods the HPA is
+   creating at that moment is preempted by them, pends again and makes Karpenter launch a second
+   node for the same GPUs: on the simulator every scale-up did that, buying an 8-GPU node that
+   then held pods spread over one node more than the fleet needed. Placeholders are
+   negative-priority pause pods pinned to the pool, so they stand for exactly the GPUs the
+   workloads will need and have not asked for yet: where the ready nodes lack them, the pending
+   placeholders make Karpenter launch nodes a horizon early; where free GPUs exist they keep
+   those nodes from being consolidated; when a real replica comes, it preempts one.
 4. scale to zero: every workload on the pool at replicas 0, not active, forecast 0 (or no
    forecast) and no live pod -> no placeholders and no peak budget, so Karpenter's WhenEmpty
    consolidation removes the nodes after consolidateAfter.
@@ -98,6 +106,15 @@ class _Workload:
     @property
     def forecast_gpus(self) -> int:
         return self.wanted_replicas * self.placement.gpus_per_replica
+
+    @property
+    def target_gpus(self) -> int:
+        """The GPUs of the scaler's current target (capped at maxReplicaCount): what the HPA
+        will have asked for at its next sync."""
+        assert self.demand is not None
+        cap = self.placement.max_replicas
+        replicas = self.demand.replicas if cap is None else min(self.demand.replicas, cap)
+        return max(0, replicas) * self.placement.gpus_per_replica
 
     @property
     def quiet(self) -> bool:
@@ -177,9 +194,9 @@ def _plan_pool(
     state: CompanionState,
     now: float,
     stale_notes: list[str],
-) -> tuple[NodePoolPlan, float | None, float | None]:
-    """One pool's plan, its peak hold (None: none remembered) and the forecast GPUs to remember
-    (None: keep last pass's, because this pass's is partial)."""
+) -> tuple[NodePoolPlan, float | None, float | None, float | None]:
+    """One pool's plan, its peak hold (None: none remembered), and the forecast GPUs and the
+    HPA's lag to remember (None: keep last pass's, because this pass's is partial)."""
     reasons: list[str] = []
     known = [w for w in workloads if w.demand is not None]
     held = len(known) < len(workloads)
@@ -188,8 +205,13 @@ def _plan_pool(
     budget_now = any(is_peak_budget(b) for b in pool.budgets)
     outside_hours = not in_active_hours(config.active_hours_utc, now)
 
-    # Rules 1, 3: placeholders for the gap between the forecast and what runs or is on order.
-    gap = max(0, forecast_gpus - live_gpus)
+    # Rules 1, 3: placeholders for the gap between the forecast and what runs or is on order;
+    # the target the HPA has not applied yet only when it was missing at the last pass too.
+    target_gpus = sum(w.target_gpus for w in known)
+    ahead = max(0, forecast_gpus - max(target_gpus, live_gpus))
+    lag = max(0, target_gpus - live_gpus)
+    held_lag = min(lag, state.last_lag_gpus.get(pool.name, 0.0))
+    gap = ahead + held_lag
     wanted = math.ceil(gap / max(1, config.placeholder_gpus))
     placeholders = min(config.max_placeholders, wanted)
     idle = not held and all(w.quiet for w in workloads)
@@ -203,6 +225,11 @@ def _plan_pool(
             f"forecast {_fmt(forecast_gpus)} GPUs, {live_gpus} running or pending: "
             f"{placeholders} placeholder(s){capped}"
         )
+        if lag > held_lag:
+            reasons.append(
+                f"{_fmt(lag - held_lag)} GPU(s) of the target not created yet: on order "
+                "(the HPA's next sync), pre-warmed only if still missing at the next pass"
+            )
         for w in known:
             if w.capped:
                 reasons.append(
@@ -269,7 +296,8 @@ def _plan_pool(
         reasons=tuple(reasons),
         held=held,
     )
-    return nodepool_plan, until, None if held else float(forecast_gpus)
+    remembered = None if held else float(forecast_gpus)
+    return nodepool_plan, until, remembered, None if held else float(lag)
 
 
 def plan(
@@ -311,8 +339,9 @@ def plan(
     plans: list[NodePoolPlan] = []
     peak_until: dict[str, float] = {}
     last_forecast: dict[str, float] = {}
+    last_lag: dict[str, float] = {}
     for pool in sorted(pools, key=lambda p: p.name):
-        pool_plan, until, forecast = _plan_pool(
+        pool_plan, until, forecast, lag = _plan_pool(
             pool, by_pool.get(pool.name, []), config, state, now, notes.get(pool.name, [])
         )
         plans.append(pool_plan)
@@ -322,10 +351,15 @@ def plan(
             last_forecast[pool.name] = forecast
         elif pool.name in state.last_forecast_gpus:
             last_forecast[pool.name] = state.last_forecast_gpus[pool.name]
+        if lag is not None:
+            last_lag[pool.name] = lag
+        elif pool.name in state.last_lag_gpus:
+            last_lag[pool.name] = state.last_lag_gpus[pool.name]
     placed = {p.workload for p in placements}
     next_state = CompanionState(
         peak_until=peak_until,
         last_forecast_gpus=last_forecast,
         last_demand_at={w: at for w, at in sorted(last_demand_at.items()) if w in placed},
+        last_lag_gpus=last_lag,
     )
     return plans, next_state

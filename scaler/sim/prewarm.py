@@ -21,10 +21,17 @@ nodes first and WhenEmpty consolidation can remove them. Values:
   which the planner is not told about).
 
 Rows (`scaler.sim.run.companion_rows`): `scaler+companion` is the product's default, the scaler
-with its default metadata (forecast off) plus the companion, whose placeholders then follow the
-target only, so what it buys there is mostly the packing; `scaler+forecast` is the scaler with
-forecast=on and `scaler+prewarm` the same plus the companion (placeholders for the forecast q90,
-and packing): the gap between those two is the companion on a forecasting scaler.
+with its default metadata (forecast off) plus the companion, whose placeholders then stand only
+for a target the HPA lags by a whole pass, so what it buys there is the packing;
+`scaler+forecast` is the scaler with forecast=on and `scaler+prewarm` the same plus the
+companion (placeholders for the forecast q90 beyond the target, and packing): the gap between
+those two is the companion on a forecasting scaler. This scaler's target already covers its own
+q90 forecast, so there too the placeholders are rare and the packing is what differs.
+
+The pass runs in the same step as the HPA's sync (both every 15 s from the first step) and reads
+the cluster before the HPA's scale-up of that step lands: the worst case of the race a real
+cluster has at random phases, which is why the planner does not pre-warm a target the HPA is
+applying (`scaler.companion.plan`, rule 3).
 """
 
 from __future__ import annotations
