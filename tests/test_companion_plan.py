@@ -147,13 +147,18 @@ def test_a_target_the_hpa_has_not_applied_is_prewarmed_only_if_it_outlasts_a_pas
         got, state = one([demand(NOON, 5, forecast)], [placed(running=2)], pool(), NOON)
         assert (got.forecast_gpus, got.placeholders) == (10.0, 0), got.reasons
         assert any("6 GPU(s) of the target not created yet" in r for r in got.reasons)
-        assert state.last_lag_gpus == {"gpu": 6.0}
+        assert state.last_target_gpus == {"gpu": 10.0}
         later = NOON + 15
         got, state = one([demand(later, 5, forecast)], [placed(running=2)], pool(), later, state)
         assert (got.forecast_gpus, got.placeholders) == (10.0, 6), got.reasons
         # The HPA caught up but for one pod: only what is still missing stays.
         got, _ = one([demand(later, 5, forecast)], [placed(running=4)], pool(), later + 15, state)
         assert got.placeholders == 2
+    # A target that keeps climbing: the HPA applied the last pass's 4 replicas, the rise to 6 is
+    # new (its pods are created at this sync), so nothing is pre-warmed for it.
+    climbing = CompanionState(last_target_gpus={"gpu": 8.0})
+    got, _ = one([demand(NOON, 6, None)], [placed(running=4)], pool(), NOON, climbing)
+    assert got.placeholders == 0, got.reasons
 
 
 def test_workloads_on_a_pool_add_up_and_other_pools_are_separate() -> None:
@@ -290,7 +295,7 @@ def test_unknown_demand_holds_the_pool(demands: list[WorkloadDemand], note: str)
 def test_held_pool_may_still_grow_on_what_is_known() -> None:
     demands = [demand(NOON, 4, 8.0, workload="team-b/fresh")]
     placements = [placed(), placed("team-b/fresh", gpus=1)]
-    state = CompanionState(last_lag_gpus={"gpu": 4.0})  # the target lagged at the last pass
+    state = CompanionState(last_target_gpus={"gpu": 4.0})  # asked for at the last pass too
     got, _ = one(demands, placements, pool(placeholders=3), NOON, state)
     assert got.held
     assert got.placeholders == 8  # up from 3 on the known workload; never down

@@ -115,6 +115,6 @@ class CompanionState:
     peak_until: dict[str, float] = field(default_factory=dict)  # nodepool -> hold the budget until
     last_forecast_gpus: dict[str, float] = field(default_factory=dict)  # nodepool -> last pass
     last_demand_at: dict[str, float] = field(default_factory=dict)  # workload -> last fresh demand
-    # nodepool -> GPUs the workloads' targets exceeded their live pods by at the last pass (the
-    # HPA's lag): only a lag that outlasts a pass is pre-warmed (plan.py, rule 3)
-    last_lag_gpus: dict[str, float] = field(default_factory=dict)
+    # nodepool -> the workloads' target GPUs at the last pass: only a target already asked for
+    # then and still without pods is pre-warmed (the HPA's lag outlasted a pass; plan.py, rule 3)
+    last_target_gpus: dict[str, float] = field(default_factory=dict)

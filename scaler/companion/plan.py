@@ -23,8 +23,10 @@ passed in and returned, so a pass can be logged, replayed and tested.
    live GPUs): capacity nobody has asked for, bought at once. The lag = target GPUs - live GPUs
    is the target the HPA has not applied yet; it is on order too (the HPA creates those pods at
    its next sync, at most 15 s away, and they make Karpenter launch their nodes), so only the
-   part that was already missing at the last pass (`state.last_lag_gpus`: a scale-up the HPA's
-   rate limits spread over several syncs) is pre-warmed. A placeholder bought for pods the HPA is
+   held lag = min(target GPUs, last pass's target GPUs (`state.last_target_gpus`)) - live GPUs
+   is pre-warmed: a target already asked for a pass ago that still has no pods (a scale-up the
+   HPA's rate limits spread over several syncs), not the new rise of a target that keeps
+   climbing. A placeholder bought for pods the HPA is
    creating at that moment is preempted by them, pends again and makes Karpenter launch a second
    node for the same GPUs: on the simulator every scale-up did that, buying an 8-GPU node that
    then held pods spread over one node more than the fleet needed. Placeholders are
@@ -195,8 +197,8 @@ def _plan_pool(
     now: float,
     stale_notes: list[str],
 ) -> tuple[NodePoolPlan, float | None, float | None, float | None]:
-    """One pool's plan, its peak hold (None: none remembered), and the forecast GPUs and the
-    HPA's lag to remember (None: keep last pass's, because this pass's is partial)."""
+    """One pool's plan, its peak hold (None: none remembered), and the forecast and target GPUs
+    to remember (None: keep last pass's, because this pass's is partial)."""
     reasons: list[str] = []
     known = [w for w in workloads if w.demand is not None]
     held = len(known) < len(workloads)
@@ -210,7 +212,8 @@ def _plan_pool(
     target_gpus = sum(w.target_gpus for w in known)
     ahead = max(0, forecast_gpus - max(target_gpus, live_gpus))
     lag = max(0, target_gpus - live_gpus)
-    held_lag = min(lag, state.last_lag_gpus.get(pool.name, 0.0))
+    asked_before = min(target_gpus, state.last_target_gpus.get(pool.name, 0.0))
+    held_lag = max(0.0, asked_before - live_gpus)
     gap = ahead + held_lag
     wanted = math.ceil(gap / max(1, config.placeholder_gpus))
     placeholders = min(config.max_placeholders, wanted)
@@ -297,7 +300,7 @@ def _plan_pool(
         held=held,
     )
     remembered = None if held else float(forecast_gpus)
-    return nodepool_plan, until, remembered, None if held else float(lag)
+    return nodepool_plan, until, remembered, None if held else float(target_gpus)
 
 
 def plan(
@@ -339,9 +342,9 @@ def plan(
     plans: list[NodePoolPlan] = []
     peak_until: dict[str, float] = {}
     last_forecast: dict[str, float] = {}
-    last_lag: dict[str, float] = {}
+    last_target: dict[str, float] = {}
     for pool in sorted(pools, key=lambda p: p.name):
-        pool_plan, until, forecast, lag = _plan_pool(
+        pool_plan, until, forecast, target = _plan_pool(
             pool, by_pool.get(pool.name, []), config, state, now, notes.get(pool.name, [])
         )
         plans.append(pool_plan)
@@ -351,15 +354,15 @@ def plan(
             last_forecast[pool.name] = forecast
         elif pool.name in state.last_forecast_gpus:
             last_forecast[pool.name] = state.last_forecast_gpus[pool.name]
-        if lag is not None:
-            last_lag[pool.name] = lag
-        elif pool.name in state.last_lag_gpus:
-            last_lag[pool.name] = state.last_lag_gpus[pool.name]
+        if target is not None:
+            last_target[pool.name] = target
+        elif pool.name in state.last_target_gpus:
+            last_target[pool.name] = state.last_target_gpus[pool.name]
     placed = {p.workload for p in placements}
     next_state = CompanionState(
         peak_until=peak_until,
         last_forecast_gpus=last_forecast,
         last_demand_at={w: at for w, at in sorted(last_demand_at.items()) if w in placed},
-        last_lag_gpus=last_lag,
+        last_target_gpus=last_target,
     )
     return plans, next_state
