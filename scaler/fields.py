@@ -630,7 +630,9 @@ FIELDS: tuple[Field, ...] = (
         real(0, 3600),
         300.0,
         "a number of seconds from 0 to 3600",
-        "The target never falls below the highest need seen in this window.",
+        "The target never falls below the highest need seen in this window. Not set: 300 s, "
+        "or the horizon (coldStartSeconds + pollingIntervalSeconds) when longer, so a replica "
+        "is kept through a gap shorter than its cold start.",
     ),
     Field(
         "scaleDownMaxPercent",

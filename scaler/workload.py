@@ -70,6 +70,23 @@ class WorkloadSpec:
         return self.scrape_timeout_s + 5.0  # plus an EndpointSlice list on a cold cache
 
 
+def _scale_down_window(
+    merged: dict[str, Any],
+    horizon: float,
+    config: Config,
+    profile: dict[str, Any],
+    trigger: TriggerSpec,
+) -> float:
+    """scaleDownStabilizationSeconds as given anywhere (defaults, profile, trigger), else its
+    default but at least the horizon: a replica released in a gap shorter than a cold start
+    is back only after the load that returns has waited for it."""
+    key = "scaleDownStabilizationSeconds"
+    window = float(merged[key])
+    if key in config.defaults or key in profile or key in trigger.tuning():
+        return window
+    return max(window, horizon)
+
+
 def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
     problems: list[FieldError] = []
     profile: dict[str, Any] = {}
@@ -114,7 +131,7 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
         forecast=merged["forecast"] == "on",
         forecast_step_s=merged["forecastStepSeconds"],
         season_period_s=merged["seasonPeriodSeconds"] or None,
-        scale_down_stabilization_s=merged["scaleDownStabilizationSeconds"],
+        scale_down_stabilization_s=_scale_down_window(merged, horizon, config, profile, trigger),
         scale_down_max_percent=merged["scaleDownMaxPercent"],
         panic_threshold=merged["panicThreshold"],
         scale_to_zero_idle_s=merged["scaleToZeroIdleSeconds"],

@@ -178,6 +178,53 @@ def test_falls_only_after_the_stabilization_window() -> None:
     assert drive.outcome(T0 + 400, 8.0) == (1, True, Reason.CURRENT_NEED)
 
 
+def gap_run(spec: WorkloadSpec, gap_s: float) -> list[tuple[float, int]]:
+    """Three replicas of load, then one for `gap_s`, then three again: (second, target)."""
+    driver, seen = Driver(spec), []
+    for second in range(0, int(120 + gap_s + 60), 10):
+        in_gap = 120 <= second < 120 + gap_s
+        decision = driver.tick(T0 + second, 8.0 if in_gap else 24.0)
+        assert decision is not None
+        seen.append((second, decision.replicas))
+    return seen
+
+
+@pytest.mark.parametrize("cold_start", [180, 600])
+def test_scale_down_keeps_a_replica_through_a_gap_shorter_than_a_cold_start(
+    cold_start: int,
+) -> None:
+    # A replica released in a gap comes back a cold start after it is asked for again: through
+    # a gap shorter than that, releasing it only makes the load that returns wait. Left to its
+    # default, the scale-down window is at least the horizon (coldStartSeconds +
+    # pollingIntervalSeconds), so a 600 s model load keeps its replicas through a 450 s gap
+    # (the plain 300 s window let them go at 300 s). Through a longer gap they go.
+    metadata = {
+        "backend": "synthetic",
+        "targetConcurrency": "8",
+        "minReplicas": "0",
+        "maxReplicas": "100",
+        "coldStartSeconds": str(cold_start),
+        "pollingIntervalSeconds": "30",
+        "panicThreshold": "100",
+        "scaleDownMaxPercent": "100",
+    }
+    spec = resolve(parse_trigger("team-a", "llama", metadata), Config())
+    short = gap_run(spec, gap_s=0.75 * cold_start)
+    assert all(n == 3 for _, n in short), short
+    long = gap_run(spec, gap_s=cold_start + 30 + 300 + 300)
+    in_gap = [n for second, n in long if 120 <= second < 120 + cold_start + 630]
+    assert in_gap[0] == 3 and in_gap[-1] == 1, long  # released before the load returns
+    assert long[-1][1] == 3
+
+
+def test_a_scale_down_window_the_user_sets_is_kept() -> None:
+    # scaleDownStabilizationSeconds given (here shorter than the horizon) is the user's choice.
+    spec = make_spec(coldStartSeconds=600, scaleDownStabilizationSeconds=120)
+    assert spec.scale_down_stabilization_s == 120
+    released = gap_run(spec, gap_s=450)
+    assert any(n == 1 for _, n in released)
+
+
 def test_zero_stabilization_falls_at_once() -> None:
     drive = Driver(make_spec(scaleDownStabilizationSeconds=0))
     assert drive.outcome(T0, 40.0) == (5, True, Reason.CURRENT_NEED)
