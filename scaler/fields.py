@@ -273,6 +273,9 @@ KEDA_FIELDS: tuple[Field, ...] = (
     ),
 )
 KEDA_KEYS = tuple(f.key for f in KEDA_FIELDS)
+# KEDA's TLS keys that it reads from the TriggerAuthentication only (above), yet older KEDA docs
+# show under the trigger's metadata: an unknown key there says where it goes instead.
+KEDA_AUTH_KEYS = ("caCert", "tlsClientCert", "tlsClientKey", "tlsCertFile")
 
 FIELDS: tuple[Field, ...] = (
     *KEDA_FIELDS,
@@ -732,6 +735,12 @@ def nearest_key(key: str, known: tuple[str, ...]) -> str | None:
 def key_hint(key: str, known: tuple[str, ...]) -> str:
     """The hint for an unknown setting: where it belongs when another section takes it, else the
     accepted key it is nearest to, else ""."""
+    if key in KEDA_AUTH_KEYS and key not in known:
+        return (
+            f"; KEDA reads {key} from the TriggerAuthentication (spec.secretTargetRef), not "
+            "from trigger metadata"
+            + (" (tlsCertFile: removed in KEDA 2.17)" if key == "tlsCertFile" else "")
+        )
     elsewhere = BY_KEY.get(key)
     if elsewhere is not None and key not in known and elsewhere.scope in BELONGS:
         return f"; {key} belongs in {BELONGS[elsewhere.scope]}"

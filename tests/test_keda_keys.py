@@ -66,3 +66,14 @@ def test_the_reference_lists_the_keda_keys_as_kedas() -> None:
 def test_an_unknown_key_is_still_rejected_naming_it() -> None:
     with pytest.raises(ValueError, match="enableTls: unknown key; did you mean 'enableTLS'"):
         parse_trigger("team-a", "chat", synthetic(enableTls="true"))
+
+
+@pytest.mark.parametrize("key", fields.KEDA_AUTH_KEYS)
+def test_a_tls_key_keda_reads_from_the_trigger_authentication_says_where_it_goes(
+    key: str,
+) -> None:
+    """Older KEDA docs show caCert and the client certificate under the trigger's metadata; KEDA
+    reads them from the TriggerAuthentication only, so the error says so instead of a near key."""
+    expected = f"{key}: unknown key; KEDA reads {key} from the TriggerAuthentication"
+    with pytest.raises(ValueError, match=expected):
+        parse_trigger("team-a", "chat", synthetic(**{key: "/certs/ca.pem"}))
