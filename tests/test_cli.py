@@ -11,7 +11,15 @@ import sys
 
 import pytest
 
-from scaler.bench.load import Calls, LoadOptions, ServerRun, assemble, soak_summary, table
+from scaler.bench.load import (
+    VERDICT_MIN_CALLS,
+    Calls,
+    LoadOptions,
+    ServerRun,
+    assemble,
+    soak_summary,
+    table,
+)
 
 SCALER = [sys.executable, "-m", "scaler"]
 
@@ -129,12 +137,24 @@ def test_a_run_shorter_than_steady_state_gets_no_steady_verdict() -> None:
     assert "no verdict" in steady and "46.5 s" in steady
     assert "ABOVE" not in steady and "within" not in steady
     [whole] = [line for line in lines if line.startswith("p99 ")]
+    assert whole.startswith("p99 n/a: no verdict (4 calls on a server")  # a p99 of 4 calls
+
+
+def test_a_whole_run_of_enough_calls_gets_a_verdict() -> None:
+    options = LoadOptions(objects=50, duration_s=5.0)
+    due = [i * 0.04 for i in range(VERDICT_MIN_CALLS)]  # every call before the steady state
+    result = assemble(
+        options,
+        {"scaler": _run("scaler", 0.004, due, 46.5), "floor": _run("floor", 0.002, due, 46.5)},
+        [],
+    )
+    [whole] = [line for line in table(result).splitlines() if line.startswith("p99 ")]
     assert whole == "p99 ABOVE 1.5x the floor (goal)"  # 2x, from calls that exist
 
 
 def test_steady_state_calls_get_a_verdict() -> None:
     options = LoadOptions(objects=50, duration_s=60.0)
-    due = [1.0, 50.0, 55.0]
+    due = [1.0] + [50.0 + i * 0.05 for i in range(VERDICT_MIN_CALLS)]
     result = assemble(
         options,
         {"scaler": _run("scaler", 0.0025, due, 46.5), "floor": _run("floor", 0.002, due, 46.5)},

@@ -654,8 +654,20 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# A p99 of fewer calls is their maximum, one slow call: no verdict below this many per server.
+VERDICT_MIN_CALLS = 100
+
+
 def _verdict(ratio: float | None, result: dict[str, Any], key: str) -> str:
-    """Against the 1.5x goal; no verdict without a ratio (a figure with no calls behind it)."""
+    """Against the 1.5x goal; no verdict without a ratio (a figure with no calls behind it) or
+    on too few calls for a p99."""
+    counted = "steady_calls" if key == "steady_p99" else "calls"
+    fewest = min(result[kind][counted] for kind in ("scaler", "floor"))
+    if ratio is not None and fewest < VERDICT_MIN_CALLS:
+        return (
+            f"n/a: no verdict ({fewest} calls on a server; a p99 needs at least "
+            f"{VERDICT_MIN_CALLS}: run longer or with more --objects)"
+        )
     if ratio is not None:
         return f"{'within' if ratio <= 1.5 else 'ABOVE'} 1.5x the floor (goal)"
     if key == "steady_p99":
