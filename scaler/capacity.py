@@ -318,6 +318,8 @@ def need(
         del terms[name]  # what is left keeps its order: the first of equal terms names the need
     if not terms:
         return None
+    if steady_queue is not None and not math.isfinite(steady_queue):
+        steady_queue = None  # a flow from a NaN rate: the other terms stand, as in `terms`
     demand = max(terms.values())
     if floor > terms.get("queue", 0.0):
         terms["queue"] = floor

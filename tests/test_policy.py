@@ -1068,6 +1068,23 @@ ANY_VALUE = st.one_of(
 )
 
 
+def test_a_nan_arrival_rate_with_a_queue_term_gives_a_decision_not_a_crash() -> None:
+    # A NaN arrival rate made the queue term's flow NaN: the term was dropped from the need but
+    # its flow stayed the steady need the window remembers, and ceil(NaN) raised in decide.
+    spec = make_spec(queueTimeSloSeconds=2, maxReplicas=50)
+    signal = Signal(
+        at=T0,
+        source="t",
+        waiting=0.0,
+        arrival_rate=math.nan,
+        service_time_s=1.0,
+        kv_cache_usage=1.0,
+        ready_pods=1,
+    )
+    decision, state = decide(spec, signal, PolicyState(), T0, STALE)
+    assert decision is not None and 0 <= decision.replicas <= 50
+
+
 @settings(PROPERTIES, max_examples=300)
 @given(
     st.lists(
