@@ -1081,7 +1081,7 @@ def test_a_nan_arrival_rate_with_a_queue_term_gives_a_decision_not_a_crash() -> 
         kv_cache_usage=1.0,
         ready_pods=1,
     )
-    decision, state = decide(spec, signal, PolicyState(), T0, STALE)
+    decision, _ = decide(spec, signal, PolicyState(), T0, STALE)
     assert decision is not None and 0 <= decision.replicas <= 50
 
 
