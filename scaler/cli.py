@@ -485,7 +485,7 @@ def parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="replay a bundled real trace on a simulated GPU fleet under five autoscaling "
-        "policies and print the SLO / GPU-hours table (the README's figures)",
+        "policies and print the SLO / GPU-hours table (the figures in docs/bench.md)",
     )
     demo.add_argument(
         "--trace", default=str(DEMO_TRACE), metavar="FILE", help="default: %(default)s"

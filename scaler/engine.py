@@ -93,8 +93,8 @@ def phase_of(key: WorkloadKey) -> float:
     two of them; but an RPC takes a few loop iterations (request, handler, response), and each
     iteration of a slot's burst carries one evaluation, so an RPC that lands in a burst waits for
     up to that many evaluations. So 500 slots, two workloads an instant at 1,000: shorter bursts
-    than an RPC, for ~10% more server CPU than 50 (`scaler bench load` figures: README, Failure
-    modes)."""
+    than an RPC, for ~10% more server CPU than 50 (`scaler bench load` figures: docs/bench.md, 1,000
+    ScaledObjects)."""
     return PHASE_SPREAD * math.floor(key_fraction(key) * PHASE_SLOTS) / PHASE_SLOTS
 
 

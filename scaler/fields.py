@@ -1,9 +1,10 @@
 """The one registry of every setting a user can write, in trigger metadata or the ConfigMap.
 
-Why one table: the trigger parser, the ConfigMap validator, `check-config` and the README reference
-all read it, so a key can never be accepted in one place and rejected (or documented differently) in
-another. Each field knows how to parse itself from a trigger string (KEDA sends every metadata value
-as a string) or from a YAML scalar, and every rejection names the key and what is accepted.
+Why one table: the trigger parser, the ConfigMap validator, `check-config` and the docs' parameter
+list all read it, so a key can never be accepted in one place and rejected (or documented
+differently) in another. Each field knows how to parse itself from a trigger string (KEDA sends
+every metadata value as a string) or from a YAML scalar, and every rejection names the key and
+what is accepted.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Field:
     scope: Scope
     parse: Parser  # raw (str from a trigger, scalar from YAML) -> typed value; raises ValueError
     default: Any
-    accepted: str  # what is accepted, as printed in errors and the README
+    accepted: str  # what is accepted, as printed in errors and the docs
     doc: str
 
     def value(self, raw: object, path: str | None = None) -> Any:

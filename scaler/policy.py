@@ -299,7 +299,7 @@ def observe_service_time(
     SERVICE_TIME_WINDOW_S. It feeds only the offered load the forecaster learns, never the target
     itself, so it is not in `policy_memory_s`: a warm start replays the rule's memory, and a
     replica that started less than this window ago learns from a mean over fewer minutes (the
-    forecaster's own warm start is already approximate, `forecast` in the README)."""
+    forecaster's own warm start is already approximate, `forecast` in docs/tuning.md)."""
     bucket = math.floor((at + TICK_TOLERANCE_S) / SERVICE_TIME_BUCKET_S)
     first = bucket - SERVICE_TIME_BUCKETS + 1
     kept = [b for b in seen if b[0] >= first]

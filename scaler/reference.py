@@ -1,7 +1,7 @@
 """The settings reference in Markdown, generated from `scaler.fields` (`scaler reference`).
 
-The README embeds this output between markers and a test checks it is current, so the documented
-keys, defaults and accepted values can never drift from what the parser enforces.
+docs/trigger.md embeds this output between markers and a test checks it is current, so the
+documented keys, defaults and accepted values can never drift from what the parser enforces.
 """
 
 from __future__ import annotations

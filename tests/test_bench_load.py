@@ -136,8 +136,8 @@ def test_tune_gc_freezes_the_start_up_heap_and_sets_the_thresholds() -> None:
 
 
 def test_warm_start_burst_bench_prints_both_runs() -> None:
-    """bench/warm_start_burst.py (figures in the README) runs and prints both rows and the
-    ratios; the figures themselves are for the README, not asserted."""
+    """bench/warm_start_burst.py (figures in the docs) runs and prints both rows and the
+    ratios; the figures themselves are for the docs, not asserted."""
     lines = run_bench("warm_start_burst.py", "--workloads", "40")
     assert lines[0].startswith("40 new workloads at once")
     rows = {line.split()[0] + line.split()[1]: line.split()[2:] for line in lines[2:4]}
@@ -147,8 +147,8 @@ def test_warm_start_burst_bench_prints_both_runs() -> None:
 
 
 def test_decide_cpu_bench_prints_its_ratios() -> None:
-    """bench/decide_cpu.py (figures in the README) runs and prints every row and both ratios;
-    the figures themselves are for the README, not asserted (this machine is noisy)."""
+    """bench/decide_cpu.py (figures in the docs) runs and prints every row and both ratios;
+    the figures themselves are for the docs, not asserted (this machine is noisy)."""
     lines = run_bench("decide_cpu.py", "--workloads", "20", "--repeats", "3")
     # A warm start replays the policy's whole memory, one tick per evaluation interval.
     spec = resolve(TriggerCache().parse("bench-0", "so-00000", trigger_metadata(0)), Config())

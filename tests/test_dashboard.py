@@ -240,8 +240,8 @@ def test_a_gpu_nodes_row_per_nodepool_reads_the_companion_and_karpenter() -> Non
 
 
 def test_metrics_exposition_bench_prints_its_figures() -> None:
-    """bench/metrics_exposition.py (figures in the README) renders a scrape for real workloads:
-    ~20 series each (the figures are for the README, not asserted)."""
+    """bench/metrics_exposition.py (figures in the docs) renders a scrape for real workloads:
+    ~20 series each (the figures are for the docs, not asserted)."""
     lines = run_bench("metrics_exposition.py", "--workloads", "20", "--repeat", "1")
     assert lines[0].startswith("20 workloads: ")
     series = int(lines[0].split()[2])

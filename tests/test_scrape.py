@@ -229,9 +229,9 @@ def test_scaler_signals_cli_reports_bad_metadata():
 
 
 def test_scrape_parse_bench_checks_and_prints_each_capture() -> None:
-    """bench/scrape_parse.py (figures in the README) parses each real capture whole and as the
+    """bench/scrape_parse.py (figures in the docs) parses each real capture whole and as the
     scrape source does, checks the samples read agree, and prints a row per capture (the
-    timings are for the README, not asserted)."""
+    timings are for the docs, not asserted)."""
     lines = run_bench("scrape_parse.py", "--repeat", "1")
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
     assert set(rows) == {

@@ -359,7 +359,7 @@ async def test_workloads_reading_together_ask_a_real_prometheus_once(start_prome
 
 
 def test_prometheus_reads_bench_prints_every_way(prometheus_bin: str) -> None:
-    """bench/prometheus_reads.py (figures in the README) runs against a real Prometheus, checks
+    """bench/prometheus_reads.py (figures in the docs) runs against a real Prometheus, checks
     that every way reads the same signals, and prints reads and histories with their ratios."""
     out = "\n".join(
         run_bench(
@@ -695,7 +695,7 @@ async def test_vllm_queue_by_both_sources_raises_the_target(
 
 
 def test_prometheus_engine_bench_batches_the_engines_reads(prometheus_bin: str) -> None:
-    """bench/prometheus_engine.py (figures in the README) runs the engine against a real
+    """bench/prometheus_engine.py (figures in the docs) runs the engine against a real
     Prometheus both ways: as shipped, workloads whose ticks fall together share requests (fewer
     than one per read); with batching off, one request per read; both keep up with their ticks."""
     lines = run_bench(

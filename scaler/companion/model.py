@@ -75,7 +75,7 @@ class NodePoolState:
 
 @dataclass(frozen=True)
 class CompanionConfig:
-    """Tuning, from the companion's flags / ConfigMap (defaults documented in the README)."""
+    """Tuning, from the companion's flags / ConfigMap (defaults documented in docs/companion.md)."""
 
     placeholder_gpus: int = 1  # GPUs per placeholder pod
     max_placeholders: int = 16  # per NodePool: a bound on what a bad forecast can buy

@@ -44,7 +44,7 @@ class HpaBehavior:
     scale_down_period_s: float = 15.0
 
 
-# What the project's ScaledObject examples (and README) set for this scaler: the scaler
+# What the project's ScaledObject examples (and docs) set for this scaler: the scaler
 # stabilizes, so the HPA neither tolerates nor holds.
 SCALER_BEHAVIOR = HpaBehavior(scale_up_window_s=0.0, scale_down_window_s=0.0, tolerance=0.0)
 
