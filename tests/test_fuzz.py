@@ -376,7 +376,8 @@ def check_config_error(error: ConfigError, text: str) -> None:
             assert first in SECTIONS or first in text, problem.path
         if "unknown key" in problem.message:  # the nearest key, where it belongs, or all of them
             assert any(
-                hint in problem.message for hint in ("accepted keys: ", "did you mean", "belongs in")
+                hint in problem.message
+                for hint in ("accepted keys: ", "did you mean", "belongs in")
             )
         if problem.message.startswith("got "):
             assert "accepted: " in problem.message
