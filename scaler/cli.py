@@ -484,7 +484,7 @@ def parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="replay a bundled real trace on a simulated GPU fleet under five autoscaling "
+        help="replay a bundled real trace on a simulated GPU fleet under seven autoscaling "
         "policies and print the SLO / GPU-hours table (the figures in docs/bench.md)",
     )
     demo.add_argument(
@@ -584,7 +584,7 @@ def parser() -> argparse.ArgumentParser:
 
     rp = bench_sub.add_parser(
         "replay",
-        help="replay a trace on a simulated GPU fleet under five autoscaling policies: SLO, "
+        help="replay a trace on a simulated GPU fleet under seven autoscaling policies: SLO, "
         "GPU-hours, cost",
     )
     rp.add_argument("--trace", required=True, metavar="FILE", help="a trace file (bench/traces/)")
