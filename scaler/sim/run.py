@@ -62,18 +62,8 @@ from scaler.sim.workload import Requests
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
-ROWS = (
-    "always-on",
-    "hpa-gpu-util",
-    "keda-prometheus",
-    KEDA_INFLIGHT,
-    KEDA_INFLIGHT_BEST,
-    "scaler",
-    COMPANION,
-    FORECAST,
-    PREWARM,
-    "oracle",
-)
+# The table's rows: the policies, with the companion and forecast rows before the oracle.
+ROWS = (*NAMES[:-1], COMPANION, FORECAST, PREWARM, NAMES[-1])
 Progress = Callable[[int], None]
 
 
