@@ -143,19 +143,27 @@ class KedaInflight:
         self.next_scrape = -math.inf
 
     def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
-        if at + 1e-9 >= self.next_scrape:
-            self.next_scrape = at + PROMETHEUS_SCRAPE_S
-            self.scraped = float(stats.waiting + stats.running)
-        current = cluster.replicas
-        wanted = current
-        if self.keda.due(at):
-            wanted = self.keda.poll(at, current, self.scraped > 0.0)
-        if wanted > 0 and current > 0 and self.hpa.due(at):
-            proposal = average_value_replicas(
-                current, self.scraped, self.threshold, self.hpa.behavior.tolerance
-            )
-            wanted = self.hpa.normalize(at, current, proposal)
-        return wanted
+        return keda_average_value_act(self, at, cluster, float(stats.waiting + stats.running))
+
+
+def keda_average_value_act(
+    policy: KedaInflight | KedaPrometheus, at: float, cluster: Cluster, metric: float
+) -> int:
+    """KEDA's Prometheus scaler with an AverageValue `threshold`: the metric as Prometheus last
+    scraped it, KEDA's activation on its polls and the HPA it creates on its syncs."""
+    if at + 1e-9 >= policy.next_scrape:
+        policy.next_scrape = at + PROMETHEUS_SCRAPE_S
+        policy.scraped = metric
+    current = cluster.replicas
+    wanted = current
+    if policy.keda.due(at):
+        wanted = policy.keda.poll(at, current, policy.scraped > 0.0)
+    if wanted > 0 and current > 0 and policy.hpa.due(at):
+        proposal = average_value_replicas(
+            current, policy.scraped, policy.threshold, policy.hpa.behavior.tolerance
+        )
+        wanted = policy.hpa.normalize(at, current, proposal)
+    return wanted
 
 
 def keda_inflight_threshold(slots: int, share: float) -> float:
@@ -181,19 +189,7 @@ class KedaPrometheus:
         self.next_scrape = -math.inf
 
     def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
-        if at + 1e-9 >= self.next_scrape:
-            self.next_scrape = at + PROMETHEUS_SCRAPE_S
-            self.scraped = float(stats.waiting)
-        current = cluster.replicas
-        wanted = current
-        if self.keda.due(at):
-            wanted = self.keda.poll(at, current, self.scraped > 0.0)
-        if wanted > 0 and current > 0 and self.hpa.due(at):
-            proposal = average_value_replicas(
-                current, self.scraped, self.threshold, self.hpa.behavior.tolerance
-            )
-            wanted = self.hpa.normalize(at, current, proposal)
-        return wanted
+        return keda_average_value_act(self, at, cluster, float(stats.waiting))
 
 
 def scaler_metadata(
