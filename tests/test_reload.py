@@ -178,6 +178,16 @@ class Polls:
         await asyncio.wait_for(self.task, 60)
 
 
+async def watched_file(tmp_path: Path) -> tuple[Path, ConfigStore, Polls]:
+    """A good config file, its store and the watch loop polling it (started)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(GOOD.format(tc=8))
+    store = ConfigStore(load_config_file(path), str(path))
+    polls = Polls(store)
+    await polls.start()
+    return path, store, polls
+
+
 def laughs(levels: int) -> str:
     lines = ['l0: &l0 ["lol"]']
     for level in range(1, levels + 1):
@@ -193,11 +203,7 @@ async def test_a_rejected_file_is_parsed_once_and_reported_once(tmp_path, caplog
     """A bad file stays on disk for many polls: it is parsed once (by its digest), counted and
     logged once, in one line; a good edit after it is applied."""
     caplog.set_level(logging.ERROR, logger="scaler.config_watch")
-    path = tmp_path / "config.yaml"
-    path.write_text(GOOD.format(tc=8))
-    store = ConfigStore(load_config_file(path), str(path))
-    polls = Polls(store)
-    await polls.start()
+    path, store, polls = await watched_file(tmp_path)
     failures = reloads("failure")
     bad = "defaults:\n" + "".join(f"  colour{i}: {i}\n" for i in range(40))
     path.write_text(bad)
@@ -217,11 +223,7 @@ async def test_a_rejected_file_is_parsed_once_and_reported_once(tmp_path, caplog
 
 async def test_a_billion_laughs_is_rejected_and_a_later_good_edit_applies(tmp_path, caplog):
     caplog.set_level(logging.ERROR, logger="scaler.config_watch")
-    path = tmp_path / "config.yaml"
-    path.write_text(GOOD.format(tc=8))
-    store = ConfigStore(load_config_file(path), str(path))
-    polls = Polls(store)
-    await polls.start()
+    path, store, polls = await watched_file(tmp_path)
     path.write_text(laughs(9))
     await polls.step(5)
     assert config_valid() == 0.0 and store.parses == 1
@@ -238,11 +240,7 @@ async def test_the_watch_survives_any_fault_and_reports_it(tmp_path, caplog, mon
     memory): the loop keeps polling, config_valid is 0, each fault is counted and logged once,
     and the next good file is applied."""
     caplog.set_level(logging.ERROR, logger="scaler.config_watch")
-    path = tmp_path / "config.yaml"
-    path.write_text(GOOD.format(tc=8))
-    store = ConfigStore(load_config_file(path), str(path))
-    polls = Polls(store)
-    await polls.start()
+    path, store, polls = await watched_file(tmp_path)
     errors, failures = reloads("error"), reloads("failure")
     real_read, real_load = config_watch.read_config_bytes, config_watch.load_config_text
 
@@ -275,11 +273,7 @@ async def test_the_watch_survives_any_fault_and_reports_it(tmp_path, caplog, mon
 async def test_a_poll_parses_off_the_event_loop(tmp_path, monkeypatch):
     """The parse, once started, waits until the event loop has run something else: done on the
     loop, it would wait for ever (here: 30 s, then the reload fails)."""
-    path = tmp_path / "config.yaml"
-    path.write_text(GOOD.format(tc=8))
-    store = ConfigStore(load_config_file(path), str(path))
-    polls = Polls(store)
-    await polls.start()
+    path, store, polls = await watched_file(tmp_path)
     parsing, loop_ran = threading.Event(), threading.Event()
     real_load = config_watch.load_config_text
 
