@@ -41,6 +41,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from tests.wheels import build_wheel
+
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 DOCKERIGNORE = REPO / "deploy" / "Dockerfile.dockerignore"
@@ -414,28 +416,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             if (path == source or path.startswith(source + "/")) and (REPO / path).is_file():
                 (src / path).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO / path, src / path)
-    out = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",  # the venv's setuptools, as the image uses the locked one
-            "--no-index",
-            "--quiet",
-            "--wheel-dir",
-            str(out),
-            str(src),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, built.stderr
-    [found] = out.glob("gpu_queue_scaler-*.whl")
-    return found
+    return build_wheel(src, tmp_path_factory.mktemp("wheel"))
 
 
 def shipped_modules(wheel: Path) -> dict[str, tuple[str, str]]:

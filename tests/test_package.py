@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.wheels import build_wheel
+
 REPO = Path(__file__).resolve().parent.parent
 TRACE = "scaler/data/AzureLLMInferenceTrace_conv.csv"
 LICENSE = "scaler/data/AzureLLMInferenceTrace_conv.LICENSE"
@@ -29,28 +31,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(
         REPO / "scaler", src / "scaler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
     )
-    out = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",  # the venv's setuptools: no download
-            "--no-index",
-            "--quiet",
-            "--wheel-dir",
-            str(out),
-            str(src),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, built.stderr
-    [found] = out.glob("gpu_queue_scaler-*.whl")
-    return found
+    return build_wheel(src, tmp_path_factory.mktemp("wheel"))
 
 
 def test_the_wheel_carries_the_demo_trace_and_its_license(wheel: Path) -> None:
