@@ -105,20 +105,49 @@ class Checked:
 # --- the ScaledObject's schema --------------------------------------------------------------------
 
 
-def _strict(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a CRD's structural schema that rejects what the API server would prune: every
-    object with `properties` is closed (unless it preserves unknown fields), an int-or-string
-    takes both, `nullable` admits null."""
+_SUBSCHEMA_MAPS = ("properties", "patternProperties")
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf")
+_GO_LATE_FLAGS = re.compile(r"^\^\(\?([imsU]+)\)")
+
+
+def strict_schema(schema: Mapping[str, Any], *, drop_required: bool = False) -> dict[str, Any]:
+    """A copy of a CRD's structural schema that rejects what the API server would prune or reject.
+
+    - Every object schema with `properties` and neither `additionalProperties` nor
+      `x-kubernetes-preserve-unknown-fields: true` gets `additionalProperties: false`.
+    - `x-kubernetes-embedded-resource: true` objects also accept apiVersion, kind and metadata.
+    - `x-kubernetes-int-or-string: true` without a type becomes anyOf integer/string (schemas that
+      already carry that anyOf are kept as they are).
+    - `nullable: true` admits null.
+    - A `pattern` opening with an inline flag group after its anchor (`^(?i)...`, which Go's RE2
+      reads, and the API server with it, but Python's re rejects) gets the flags first:
+      `(?i)^...`, the same language.
+    - `drop_required=True` removes `required` lists, to check partial bodies (merge patches).
+    """
     out: dict[str, Any] = dict(schema)
-    for key in ("properties", "patternProperties"):
+    for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), Mapping):
-            out[key] = {name: _strict(sub) for name, sub in out[key].items()}
-    for key in ("allOf", "anyOf", "oneOf"):
+            out[key] = {
+                name: strict_schema(sub, drop_required=drop_required)
+                for name, sub in out[key].items()
+            }
+    for key in _SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [_strict(sub) for sub in out[key]]
-    for key in ("items", "additionalProperties", "not"):
+            out[key] = [strict_schema(sub, drop_required=drop_required) for sub in out[key]]
+    items = out.get("items")
+    if isinstance(items, Mapping):
+        out["items"] = strict_schema(items, drop_required=drop_required)
+    elif isinstance(items, list):
+        out["items"] = [strict_schema(sub, drop_required=drop_required) for sub in items]
+    for key in ("additionalProperties", "not"):
         if isinstance(out.get(key), Mapping):
-            out[key] = _strict(out[key])
+            out[key] = strict_schema(out[key], drop_required=drop_required)
+    if out.get("x-kubernetes-embedded-resource") is True and "properties" in out:
+        props = dict(out["properties"])
+        props.setdefault("apiVersion", {"type": "string"})
+        props.setdefault("kind", {"type": "string"})
+        props.setdefault("metadata", {"type": "object"})
+        out["properties"] = props
     if (
         "properties" in out
         and "additionalProperties" not in out
@@ -127,8 +156,12 @@ def _strict(schema: Mapping[str, Any]) -> dict[str, Any]:
         out["additionalProperties"] = False
     if out.get("x-kubernetes-int-or-string") is True and "type" not in out and "anyOf" not in out:
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if isinstance(out.get("pattern"), str):
+        out["pattern"] = _GO_LATE_FLAGS.sub(r"(?\1)^", out["pattern"])
     if out.get("nullable") is True and isinstance(out.get("type"), str):
         out["type"] = [out["type"], "null"]
+    if drop_required:
+        out.pop("required", None)
     return out
 
 
@@ -141,7 +174,7 @@ def _validator() -> jsonschema.protocols.Validator:
     crd = yaml.safe_load(crd_text())
     [version] = [v for v in crd["spec"]["versions"] if v["name"] == SCALED_OBJECT[0].split("/")[1]]
     # `status` stays: `kubectl get scaledobject -o yaml | scaler check -` carries KEDA's own.
-    return jsonschema.Draft202012Validator(_strict(version["schema"]["openAPIV3Schema"]))
+    return jsonschema.Draft202012Validator(strict_schema(version["schema"]["openAPIV3Schema"]))
 
 
 def field_path(parts: Sequence[object]) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import re
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
@@ -28,6 +27,8 @@ import kubernetes_validate
 import yaml
 from kubernetes_validate.utils import VersionNotSupportedError
 from referencing import Registry, Resource
+
+from scaler.check import strict_schema
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = REPO_ROOT / "deploy" / "crds"
@@ -102,67 +103,8 @@ def load_crd_schema(group: str, kind: str, version: str) -> dict[str, Any]:
     raise SchemaNotFoundError(f"CRD for {group} {kind} has no version {version!r} (has {names})")
 
 
-_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf")
-_GO_LATE_FLAGS = re.compile(r"^\^\(\?([imsU]+)\)")
-_SUBSCHEMA_MAPS = ("properties", "patternProperties")
-
-
-def strict(schema: Mapping[str, Any], *, drop_required: bool = False) -> dict[str, Any]:
-    """A copy of a CRD structural schema that rejects what the API server would prune or reject.
-
-    - Every object schema with `properties` and neither `additionalProperties` nor
-      `x-kubernetes-preserve-unknown-fields: true` gets `additionalProperties: false`.
-    - `x-kubernetes-embedded-resource: true` objects also accept apiVersion, kind and metadata.
-    - `x-kubernetes-int-or-string: true` without a type becomes anyOf integer/string (schemas that
-      already carry that anyOf are kept as they are).
-    - `nullable: true` admits null.
-    - A `pattern` opening with an inline flag group after its anchor (`^(?i)...`, which Go's RE2
-      reads, and the API server with it, but Python's re rejects) gets the flags first:
-      `(?i)^...`, the same language.
-    - `drop_required=True` removes `required` lists, to check partial bodies (merge patches).
-    """
-    out: dict[str, Any] = dict(schema)
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), Mapping):
-            out[key] = {
-                name: strict(sub, drop_required=drop_required) for name, sub in out[key].items()
-            }
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [strict(sub, drop_required=drop_required) for sub in out[key]]
-    items = out.get("items")
-    if isinstance(items, Mapping):
-        out["items"] = strict(items, drop_required=drop_required)
-    elif isinstance(items, list):
-        out["items"] = [strict(sub, drop_required=drop_required) for sub in items]
-    if isinstance(out.get("additionalProperties"), Mapping):
-        out["additionalProperties"] = strict(
-            out["additionalProperties"], drop_required=drop_required
-        )
-    if isinstance(out.get("not"), Mapping):
-        out["not"] = strict(out["not"], drop_required=drop_required)
-
-    if out.get("x-kubernetes-embedded-resource") is True and "properties" in out:
-        props = dict(out["properties"])
-        props.setdefault("apiVersion", {"type": "string"})
-        props.setdefault("kind", {"type": "string"})
-        props.setdefault("metadata", {"type": "object"})
-        out["properties"] = props
-    if (
-        "properties" in out
-        and "additionalProperties" not in out
-        and out.get("x-kubernetes-preserve-unknown-fields") is not True
-    ):
-        out["additionalProperties"] = False
-    if out.get("x-kubernetes-int-or-string") is True and "type" not in out and "anyOf" not in out:
-        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-    if isinstance(out.get("pattern"), str):
-        out["pattern"] = _GO_LATE_FLAGS.sub(r"(?\1)^", out["pattern"])
-    if out.get("nullable") is True and isinstance(out.get("type"), str):
-        out["type"] = [out["type"], "null"]
-    if drop_required:
-        out.pop("required", None)
-    return out
+# One strictness for the scaler's own check and these tests: the API server's pruning and rejection.
+strict = strict_schema
 
 
 @functools.cache
