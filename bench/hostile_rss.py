@@ -102,21 +102,8 @@ def fuzzed_maps(count: int, seed: int, port: int) -> Iterator[dict[str, str]]:
 
 async def call(client: KedaLikeClient, ref: pb.ScaledObjectRef, counts: dict[str, int]) -> None:
     """What KEDA asks on one evaluation; each outcome counted by status code."""
-    stub = client.stub
-    metric = "anything"
-    for method in ("GetMetricSpec", "GetMetrics", "IsActive"):
-        try:
-            if method == "GetMetricSpec":
-                metric = (await stub.GetMetricSpec(ref, timeout=30)).metricSpecs[0].metricName
-            elif method == "GetMetrics":
-                request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName=metric)
-                await stub.GetMetrics(request, timeout=30)
-            else:
-                await stub.IsActive(ref, timeout=30)
-            code = "OK"
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code().name
-        counts[code] = counts.get(code, 0) + 1
+    for code in await client.statuses(ref):
+        counts[code.name] = counts.get(code.name, 0) + 1
 
 
 async def poll(

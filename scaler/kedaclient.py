@@ -65,5 +65,28 @@ class KedaLikeClient:
             active=active,
         )
 
+    async def statuses(
+        self, ref: pb.ScaledObjectRef, deadline_s: float = 30.0
+    ) -> list[grpc.StatusCode]:
+        """One evaluation as KEDA asks it (GetMetricSpec, GetMetrics with the spec's metric,
+        IsActive), each call made even when an earlier one failed: each call's status, for
+        driving a server with metadata that is meant to be rejected."""
+        codes: list[grpc.StatusCode] = []
+        metric = "none"
+        for method in ("GetMetricSpec", "GetMetrics", "IsActive"):
+            try:
+                if method == "GetMetricSpec":
+                    spec = await self.stub.GetMetricSpec(ref, timeout=deadline_s)
+                    metric = spec.metricSpecs[0].metricName
+                elif method == "GetMetrics":
+                    request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName=metric)
+                    await self.stub.GetMetrics(request, timeout=deadline_s)
+                else:
+                    await self.stub.IsActive(ref, timeout=deadline_s)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.aio.AioRpcError as exc:
+                codes.append(exc.code())
+        return codes
+
     async def close(self) -> None:
         await self.channel.close()

@@ -23,7 +23,6 @@ import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -99,25 +98,6 @@ def fuzzed_maps(count: int, seed: int, port: int) -> Iterator[dict[str, str]]:
         yield metadata
 
 
-async def evaluate(stub: Any, so: pb.ScaledObjectRef) -> list[grpc.StatusCode]:
-    """GetMetricSpec, GetMetrics (with the spec's metric) and IsActive: each call's status."""
-    codes: list[grpc.StatusCode] = []
-    metric = "none"
-    for method in ("GetMetricSpec", "GetMetrics", "IsActive"):
-        try:
-            if method == "GetMetricSpec":
-                metric = (await stub.GetMetricSpec(so, timeout=30)).metricSpecs[0].metricName
-            elif method == "GetMetrics":
-                request = pb.GetMetricsRequest(scaledObjectRef=so, metricName=metric)
-                await stub.GetMetrics(request, timeout=30)
-            else:
-                await stub.IsActive(so, timeout=30)
-            codes.append(grpc.StatusCode.OK)
-        except grpc.aio.AioRpcError as exc:
-            codes.append(exc.code())
-    return codes
-
-
 async def test_fuzzed_metadata_maps_keep_threads_and_memory_bounded(start_server) -> None:
     """2,000 fuzzed maps, each a ScaledObject of its own: Prometheus sources (each with its
     own threads) stay under their bound, and every one is closed, its threads gone, once the
@@ -135,7 +115,7 @@ async def test_fuzzed_metadata_maps_keep_threads_and_memory_bounded(start_server
     _, client = await start_server(store=store, engine=engine)
     try:
         for metadata in fuzzed_maps(20, 1, port):  # warm-up: code paths, gRPC's own threads
-            await evaluate(client.stub, ref("warm-up", metadata))
+            await client.statuses(ref("warm-up", metadata))
         gc.collect()
         rss_before, threads_before = os_status()
         codes: dict[grpc.StatusCode, int] = {}
@@ -144,7 +124,7 @@ async def test_fuzzed_metadata_maps_keep_threads_and_memory_bounded(start_server
 
         async def worker() -> None:
             for index, metadata in queue:
-                for code in await evaluate(client.stub, ref(f"fuzz-{index:04d}", metadata)):
+                for code in await client.statuses(ref(f"fuzz-{index:04d}", metadata)):
                     codes[code] = codes.get(code, 0) + 1
                 most_sources[0] = max(most_sources[0], len(sources))
                 most_workloads[0] = max(most_workloads[0], len(engine))
@@ -190,7 +170,7 @@ async def test_fuzzed_metadata_maps_keep_threads_and_memory_bounded(start_server
 
         # A workload started after that reads Prometheus again: the bound frees its places.
         so = ref("after", {"backend": "vllm", "serverAddress": f"http://127.0.0.1:{port}/x"})
-        assert (await evaluate(client.stub, so))[0] == grpc.StatusCode.OK
+        assert (await client.statuses(so))[0] == grpc.StatusCode.OK
         assert len(sources) == 1
     finally:
         held.close()
