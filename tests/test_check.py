@@ -83,6 +83,15 @@ def lint(
     return run_main(tmp_path, capsys, "check", *args, "so.yaml")
 
 
+def rejected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], *docs: object, args: tuple[str, ...] = ()
+) -> list[str]:
+    """`lint` of `docs` that must fail (exit code 1): its lines."""
+    code, lines = lint(tmp_path, capsys, *docs, args=args)
+    assert code == 1, lines
+    return lines
+
+
 def run_main(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], *argv: str
 ) -> tuple[int, list[str]]:
@@ -157,24 +166,21 @@ def test_a_good_scaled_object_passes(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_a_misspelt_spec_field_names_the_nearest_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, lines = lint(tmp_path, capsys, scaled_object(spec__minReplicaCont=1))
-    assert code == 1
+    lines = rejected(tmp_path, capsys, scaled_object(spec__minReplicaCont=1))
     assert lines == [HEAD + "spec.minReplicaCont: unknown field; did you mean minReplicaCount?"]
 
 
 def test_a_schema_violation_names_its_path(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, lines = lint(tmp_path, capsys, scaled_object(spec__fallback__behavior="sometimes"))
-    assert code == 1
+    lines = rejected(tmp_path, capsys, scaled_object(spec__fallback__behavior="sometimes"))
     assert lines[0].startswith(HEAD + "spec.fallback.behavior: 'sometimes' is not one of ")
 
 
 def test_an_unquoted_metadata_number_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, lines = lint(tmp_path, capsys, scaled_object(spec__triggers__0__metadata__maxReplicas=20))
-    assert code == 1
+    lines = rejected(tmp_path, capsys, scaled_object(spec__triggers__0__metadata__maxReplicas=20))
     assert lines == [
         HEAD + "spec.triggers[0].metadata.maxReplicas: 20 is not of type 'string'; KEDA takes "
         "every trigger metadata value as a string: quote it"
@@ -182,8 +188,7 @@ def test_an_unquoted_metadata_number_is_named(
 
 
 def test_min_above_max_replica_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, lines = lint(tmp_path, capsys, scaled_object(spec__minReplicaCount=30))
-    assert code == 1
+    lines = rejected(tmp_path, capsys, scaled_object(spec__minReplicaCount=30))
     assert (
         HEAD + ("spec.minReplicaCount: 30 is above maxReplicaCount (20); KEDA's CRD refuses it")
         in lines
@@ -196,10 +201,9 @@ def test_min_above_max_replica_count(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_a_misspelt_trigger_key_names_the_nearest_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, lines = lint(
+    lines = rejected(
         tmp_path, capsys, scaled_object(spec__triggers__0__metadata__targetConcurency="8")
     )
-    assert code == 1
     assert lines == [
         HEAD + "spec.triggers[0].metadata.targetConcurency: unknown key; did you mean "
         "'targetConcurrency'? (accepted keys: see `scaler reference`)"
@@ -209,8 +213,7 @@ def test_a_misspelt_trigger_key_names_the_nearest_key(
 def test_a_bad_trigger_value_is_the_servers_rejection(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, lines = lint(tmp_path, capsys, scaled_object(spec__triggers__0__metadata__backend="tgi"))
-    assert code == 1
+    lines = rejected(tmp_path, capsys, scaled_object(spec__triggers__0__metadata__backend="tgi"))
     assert lines == [
         HEAD + "spec.triggers[0].metadata.backend: got 'tgi'; accepted: vllm | triton | custom | "
         "synthetic"
@@ -221,8 +224,7 @@ def test_a_bad_trigger_value_is_the_servers_rejection(
 def test_a_metric_type_other_than_average_value_is_flagged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], metric_type: str
 ) -> None:
-    code, lines = lint(tmp_path, capsys, scaled_object(spec__triggers__0__metricType=metric_type))
-    assert code == 1
+    lines = rejected(tmp_path, capsys, scaled_object(spec__triggers__0__metricType=metric_type))
     assert lines == [
         HEAD + f"spec.triggers[0].metricType: {metric_type!r}: the scaler returns the replica "
         "count with target 1, which only AverageValue turns into that many replicas (KEDA's "
@@ -269,8 +271,7 @@ def test_a_scaled_object_with_no_trigger_of_ours_is_skipped(
 def test_a_fallback_of_zero_replicas_is_flagged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, lines = lint(tmp_path, capsys, scaled_object(spec__fallback__replicas=0))
-    assert code == 1
+    lines = rejected(tmp_path, capsys, scaled_object(spec__fallback__replicas=0))
     assert lines[0].startswith(HEAD + "spec.fallback.replicas: 0: KEDA's scale loop then does not")
 
 
@@ -390,8 +391,7 @@ def test_a_multi_document_file_resolves_triggers_against_its_configmap(
 def test_a_configmaps_problems_name_the_data_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, lines = lint(tmp_path, capsys, configmap("defaults:\n  targetConcurency: 4\n"))
-    assert code == 1
+    lines = rejected(tmp_path, capsys, configmap("defaults:\n  targetConcurency: 4\n"))
     assert lines == [
         "so.yaml: ConfigMap gpu-queue-scaler/gpu-queue-scaler-config: data.config.yaml: "
         "defaults.targetConcurency: unknown key; did you mean 'targetConcurrency'?"
@@ -417,8 +417,7 @@ def test_config_option_resolves_the_triggers(
 ) -> None:
     (tmp_path / "config.yaml").write_text(CONFIG)
     obj = scaled_object(spec__triggers__0__metadata__profile="nope")
-    code, lines = lint(tmp_path, capsys, obj, args=("--config", "config.yaml"))
-    assert code == 1
+    lines = rejected(tmp_path, capsys, obj, args=("--config", "config.yaml"))
     assert lines == [
         HEAD + "spec.triggers[0].metadata.profile: 'nope' is not a profile in config.yaml; "
         "known: llama"
