@@ -5,7 +5,7 @@
 #   OUT=/tmp/x.yaml deploy/release.sh
 # <version> is pyproject.toml's (the one `scaler --version` prints); the images in the manifests
 # must carry it as their tag, or this fails rather than ship a manifest running another version.
-# Needs kubectl >= 1.27 (its built-in kustomize) and python3.
+# Needs kubectl >= 1.32 (docs/compatibility.md; its built-in kustomize) and python3.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

