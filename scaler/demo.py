@@ -78,7 +78,7 @@ def run_demo(
         "within the SLO (dropped ones count as misses); p50/p99 in seconds; GPU-h and USD: what "
         "the nodes cost, cold starts included; zero-h: hours at zero nodes; events: replica "
         "changes; peak: most replicas.\n"
-        "The scaler row is this project's decision code (scaler.policy.decide) behind KEDA's "
+        "The scaler row is this project's decision code (scaler.decider.Decider) behind KEDA's "
         "polling and the HPA's arithmetic. Same path through the real gRPC server: "
         "`scaler bench replay --trace FILE --full-stack`. Other traces: `scaler bench replay "
         "--trace FILE [--scale F] [--cold-start S]`; all of them: bench/run_replay_all.sh."
