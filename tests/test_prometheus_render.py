@@ -216,6 +216,15 @@ def vector(*values: float | str) -> Answer:
     return Answer(body=json.dumps(doc).encode())
 
 
+class _Listener(http.server.ThreadingHTTPServer):
+    """A backlog for every read's queries at once: with the default of 5, queries asked one by
+    one next to hung ones overflowed it on a loaded machine, the kernel dropped their SYNs, and
+    the retransmit (1 s) outlasted the 0.5 s connect timeout the tests set, so a query that
+    answers at once read as missing."""
+
+    request_queue_size = 128
+
+
 class FakePrometheus:
     """`GET /api/v1/query` (and POST, the query in a form body) on 127.0.0.1:<free port>, in a
     thread. `answer(query)` decides."""
@@ -255,7 +264,7 @@ class FakePrometheus:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _Listener(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self.port = int(self._httpd.server_address[1])
         self.url = f"http://127.0.0.1:{self.port}"
