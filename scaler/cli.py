@@ -329,7 +329,7 @@ def _bench_load(args: argparse.Namespace) -> int:
 
 
 def _companion(args: argparse.Namespace) -> int:
-    """The Karpenter companion: the scaler's forecasts -> GPU node capacity (issue 6)."""
+    """The Karpenter companion: the scaler's forecasts -> GPU node capacity."""
     from scaler.companion.run import command
 
     return command(args)

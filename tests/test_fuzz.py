@@ -1,4 +1,4 @@
-"""Bad input, fuzzed (issue 7): trigger metadata, ConfigMap YAML, metric text and Prometheus JSON
+"""Bad input, fuzzed: trigger metadata, ConfigMap YAML, metric text and Prometheus JSON
 answers, each through the real parsing path, over thousands of generated cases. Each case ends in a
 result or the module's documented error, whose message names what is wrong and what is accepted;
 never another exception, never a hang (every case has a hypothesis deadline and every await a

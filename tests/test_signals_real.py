@@ -605,7 +605,7 @@ async def test_vllm_queue_by_both_sources_raises_the_target(
     stop = asyncio.Event()
     # The load lasts until the test stops it (bounded by the test's timeout): on a starved
     # runner the steps below took over 90 s, and a load that ended with them took the queue,
-    # and the raised target, away before the last check (a fresh-clone run, session 8).
+    # and the raised target, away before the last check (seen in a fresh clone's run on 2 cores).
     tally = LoadTally()
     load = asyncio.create_task(
         vllm_load(vllm_server.url, concurrency=16, duration_s=420, stop=stop, tally=tally)
@@ -633,8 +633,8 @@ async def test_vllm_queue_by_both_sources_raises_the_target(
         print(f"vllm direct scrape: seen by read {nth}, {decision.at - queue_seen_at:.2f}s later")
         # Anchored again (at most PROM_QUEUE_TRIES times) if the queue Prometheus stored ran dry
         # before a read: on a starved runner the closed-loop clients stall with the test's loop,
-        # and vLLM sat idle for 20 s right after a scrape showed its queue (a fresh-clone run,
-        # session 12). A source that misreads Prometheus misses every try.
+        # and vLLM sat idle for 20 s right after a scrape showed its queue (seen in a fresh clone's
+        # run on 2 cores). A source that misreads Prometheus misses every try.
         query = "sum(vllm:num_requests_waiting)"
         missed: list[str] = []
         for _try in range(PROM_QUEUE_TRIES):

@@ -1,1 +1,1 @@
-"""The Karpenter companion: the scaler's forecasts -> GPU node capacity (issue 6)."""
+"""The Karpenter companion: the scaler's forecasts -> GPU node capacity."""

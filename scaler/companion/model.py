@@ -1,6 +1,6 @@
 """The companion's values: what it reads (demand, placement, NodePool state) and what it decides.
 
-The companion is the second surface of the scaler (issue 6): the scaler's decisions and
+The companion is the second surface of the scaler: the scaler's decisions and
 forecasts -> GPU node capacity for Karpenter. Data flows one way, like the scaler's:
 
     kube.py / inputs.py (I/O: read)  ->  plan.py (pure: values in, a plan out, time an argument)

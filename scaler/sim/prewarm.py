@@ -1,4 +1,4 @@
-"""The Karpenter companion in the simulated loop (issue 6): nodes pre-warmed, scale-downs packed.
+"""The Karpenter companion in the simulated loop: nodes pre-warmed, scale-downs packed.
 
 Why the real planner: the companion rows are meant to show what the companion buys, so every
 `COMPANION_INTERVAL_S` it calls `scaler.companion.plan.plan` on values built from the simulated

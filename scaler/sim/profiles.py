@@ -148,14 +148,14 @@ P4D_24XLARGE = NodeType(
     name="p4d.24xlarge",
     gpus=8,
     on_demand_usd_per_hour=32.77,
-    source="AWS EC2 on-demand price, us-east-1 (8x A100 40GB), as quoted in issue 5",
+    source="AWS EC2 On-Demand pricing page, us-east-1, Linux (8x A100 40GB)",
 )
 
 P5_48XLARGE = NodeType(
     name="p5.48xlarge",
     gpus=8,
     on_demand_usd_per_hour=98.32,
-    source="AWS EC2 on-demand price, us-east-1 (8x H100 80GB), as quoted in issue 5",
+    source="AWS EC2 On-Demand pricing page, us-east-1, Linux (8x H100 80GB)",
 )
 
 G6_XLARGE = NodeType(

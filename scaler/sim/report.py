@@ -119,7 +119,7 @@ def checks(measures: list[Measures]) -> list[str]:
 
 
 def to_json(result: BenchResult) -> dict[str, Any]:
-    """The `--json` object (issue 5): the keys it names, plus a few more per policy."""
+    """The `--json` object: the keys it names, plus a few more per policy."""
     cfg = result.config
     measures = [measure(run, cfg.slo_s) for run in result.runs]
     policies = []
