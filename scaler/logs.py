@@ -38,20 +38,6 @@ def _cut_middle(text: str, limit: int) -> str:
     return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[-half:]}"
 
 
-class CutMessages(logging.Filter):
-    """Cuts each record's message to MAX_MESSAGE_CHARS, formatting it once (its arguments then
-    go): on the handler, so the records of every logger, urllib3's included, pass through it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # a bad format string: logging reports it when the line is formatted
-            return True
-        if len(message) > MAX_MESSAGE_CHARS:
-            record.msg, record.args = cut(message), None
-        return True
-
-
 def _value(value: object) -> object:
     """An `extra=` value as JSON takes it, cut: numbers and flags as they are, text cut."""
     if value is None or isinstance(value, bool | int | float):
@@ -79,7 +65,12 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """`logging.Formatter`, each line within MAX_LINE_CHARS (a traceback's middle cut first)."""
+    """`logging.Formatter`, its message cut to MAX_MESSAGE_CHARS and each line within
+    MAX_LINE_CHARS (a traceback's middle cut first)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        record.message = cut(record.message)  # as the JSON line's msg is cut
+        return super().formatMessage(record)
 
     def formatException(self, ei: logging._SysExcInfoType) -> str:  # noqa: N802 (logging's name)
         return _cut_middle(super().formatException(ei), MAX_TRACEBACK_CHARS)
@@ -94,7 +85,6 @@ def setup(level: str = "info", fmt: str = "json") -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(CutMessages())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
