@@ -43,6 +43,7 @@ from enum import Enum
 from typing import Any, NamedTuple, TypeVar
 
 from scaler import telemetry
+from scaler.config import Config
 from scaler.config_watch import ConfigStore
 from scaler.decider import Decider
 from scaler.forecast_bank import ForecastBanks
@@ -74,6 +75,24 @@ WorkloadKey = tuple[str, str, str]
 # end. A workload past it gets UNAVAILABLE (KEDA's fallback) until a place frees.
 MAX_WORKLOADS = 5000
 PROBLEM_MAX = 4000  # characters of a workload's kept fault: what a status message can carry
+
+
+# A resolve: its trigger and config (compared by identity: both are immutable and replaced, never
+# changed) and its result, a spec or the message of the error to raise.
+Resolved = tuple[object, object, WorkloadSpec | str]
+REFUSALS_KEPT = 1024  # refused triggers whose resolve is remembered (`Engine._refusal`)
+
+
+def resolved_for(trigger: TriggerSpec, config: Config, cached: Resolved | None) -> Resolved:
+    """`cached` if it is this trigger's and config's resolve, else a new resolve."""
+    if cached is not None and cached[0] is trigger and cached[1] is config:
+        return cached
+    result: WorkloadSpec | str
+    try:
+        result = resolve(trigger, config)
+    except ResolveError as exc:
+        result = f"{trigger.workload}: {exc}"
+    return (trigger, config, result)
 
 
 def key_fraction(key: WorkloadKey) -> float:
@@ -339,9 +358,7 @@ class Workload:
         self.task: asyncio.Task[None] | None = None
         self.source_failures = SourceFailures()
         self.phase = phase_of((trigger.namespace, trigger.name, trigger.metric_name))
-        # The last resolve: its trigger and config (compared by identity: both are immutable and
-        # replaced, never changed) and its result, a spec or the message of the error to raise.
-        self.resolved: tuple[object, object, WorkloadSpec | str] | None = None
+        self.resolved: Resolved | None = None  # the last resolve (`resolved_for`)
 
     def decider_for(self, spec: WorkloadSpec, stale_s: float) -> Decider:
         """The workload's decider, configured for this tick's spec and stale target."""
@@ -405,6 +422,7 @@ class Engine:
         self._monotonic = monotonic
         self._sleep = sleep
         self._workloads: dict[WorkloadKey, Workload] = {}
+        self._refused: dict[WorkloadKey, Resolved] = {}  # oldest first (see `_refusal`)
         self._banks = ForecastBanks()  # workloads' forecasts, one vectorised update per bin
         self._closing = False  # watchers end; loops keep answering unary calls
         self._stopped = False  # loops end (cancelled, and each checks this before every tick)
@@ -419,30 +437,36 @@ class Engine:
         workload = self._touch(trigger)
         return None if isinstance(workload, NoDecisionError) else workload
 
-    def _refusal(self, trigger: TriggerSpec) -> NoDecisionError | None:
-        """Why no workload is started for this trigger, if none is. A trigger that does not fit
-        the ConfigMap gets no loop (nothing to read; it is checked again at its next call, so a
-        ConfigMap edit that makes it fit starts one); nor does one past `max_workloads`."""
-        try:
-            resolve(trigger, self._store.current)
-        except ResolveError as exc:
-            return NoDecisionError(Fault.FAILED_PRECONDITION, f"{trigger.workload}: {exc}")
+    def _refusal(self, key: WorkloadKey, trigger: TriggerSpec) -> Resolved | NoDecisionError:
+        """The trigger resolved, or why no workload is started for it. A trigger that does not
+        fit the ConfigMap gets no loop (nothing to read; it is checked again at its next call, so
+        a ConfigMap edit that makes it fit starts one); nor does one past `max_workloads`. A
+        refusal is remembered by the identity of trigger and config, as `Workload.resolved` is:
+        KEDA re-sends a refused trigger on every poll, and resolving it again gives the same."""
+        resolved = resolved_for(trigger, self._store.current, self._refused.get(key))
+        if isinstance(resolved[2], str):
+            self._refused[key] = resolved
+            if len(self._refused) > REFUSALS_KEPT:  # a client can invent names without end
+                del self._refused[next(iter(self._refused))]
+            return NoDecisionError(Fault.FAILED_PRECONDITION, resolved[2])
+        self._refused.pop(key, None)
         if len(self._workloads) >= self._max_workloads:
             return NoDecisionError(
                 Fault.UNAVAILABLE,
                 f"{trigger.workload}: this scaler serves at most {self._max_workloads} workloads "
                 "at once; a workload not asked for in workloadIdleTimeoutSeconds frees its place",
             )
-        return None
+        return resolved
 
     def _touch(self, trigger: TriggerSpec) -> Workload | NoDecisionError:
         key = (trigger.namespace, trigger.name, trigger.metric_name)
         workload = self._workloads.get(key)
         if workload is None:
-            refused = self._refusal(trigger)
-            if refused is not None:
-                return refused
+            resolved = self._refusal(key, trigger)
+            if isinstance(resolved, NoDecisionError):
+                return resolved
             workload = Workload(trigger, self._monotonic(), self._banks)
+            workload.resolved = resolved  # the first tick uses it, not a second resolve
             self._workloads[key] = workload
             if not self._closing:
                 workload.task = asyncio.create_task(self._run(key, workload), name=str(key))
@@ -561,15 +585,9 @@ class Engine:
 
     def _spec(self, workload: Workload) -> WorkloadSpec:
         """The workload's spec, resolved again only when its trigger or the config changed."""
-        trigger, config = workload.trigger, self._store.current
-        cached = workload.resolved
-        if cached is None or cached[0] is not trigger or cached[1] is not config:
-            result: WorkloadSpec | str
-            try:
-                result = resolve(trigger, config)
-            except ResolveError as exc:
-                result = f"{trigger.workload}: {exc}"
-            cached = workload.resolved = (trigger, config, result)
+        cached = workload.resolved = resolved_for(
+            workload.trigger, self._store.current, workload.resolved
+        )
         if isinstance(cached[2], str):
             raise NoDecisionError(Fault.FAILED_PRECONDITION, cached[2])
         return cached[2]
