@@ -50,36 +50,33 @@ def test_the_demo_runs_from_the_installed_wheel_in_another_folder(
         archive.extractall(site)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    where = subprocess.run(
-        [sys.executable, "-c", "import scaler, scaler.demo; print(scaler.__file__)"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+
+    def python(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+        """This interpreter in `elsewhere`, with only the unpacked wheel added to its path."""
+        return subprocess.run(
+            [sys.executable, *args],
+            cwd=elsewhere,
+            env={**os.environ, "PYTHONPATH": str(site)},
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+
+    where = python("-c", "import scaler, scaler.demo; print(scaler.__file__)", timeout_s=60)
     assert where.returncode == 0, where.stderr
     assert Path(where.stdout.strip()).is_relative_to(site)  # not the source tree
-    demo = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scaler",
-            "demo",
-            "--duration",
-            "120",
-            "--scale",
-            "1",
-            "--plots",
-            "off",
-            "--no-progress",
-        ],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    demo = python(
+        "-m",
+        "scaler",
+        "demo",
+        "--duration",
+        "120",
+        "--scale",
+        "1",
+        "--plots",
+        "off",
+        "--no-progress",
+        timeout_s=300,
     )
     assert demo.returncode == 0, demo.stderr
     assert (
