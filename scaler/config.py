@@ -218,29 +218,22 @@ def _section(doc: Mapping[str, Any], name: str, problems: list[FieldError]) -> M
 MAX_LISTED_KEYS = 8
 
 
-def _hint(key: str, known: tuple[str, ...]) -> str:
-    """Where a key of another section belongs or the accepted key a misspelt one is nearest to
-    (`fields.key_hint`), else the accepted keys of a short section, else where to read them."""
-    hint = key_hint(key, known)
-    if hint:
-        return hint
-    if len(known) <= MAX_LISTED_KEYS:
-        return f"; accepted keys: {', '.join(known)}"
-    return f"; {REFERENCE_POINTER}"
-
-
 def _parse_keys(
     raw: Mapping[Any, Any], allowed: tuple[str, ...], prefix: str, problems: list[FieldError]
 ) -> dict[str, Any]:
-    """Parse a section's known keys; report its unknown keys, at most MAX_UNKNOWN_KEYS of them."""
+    """Parse a section's known keys; report its unknown keys, at most MAX_UNKNOWN_KEYS of them,
+    each with `fields.key_hint`'s hint, else the accepted keys of a short section (listed once,
+    the other keys refer to that path), else where to read them."""
     unknown = [key for key in raw if key not in allowed]
-    listed = ""  # the first path that lists the accepted keys; the others refer to it
+    listed = ""  # the first path that lists the accepted keys
     for key in unknown[:MAX_UNKNOWN_KEYS]:
-        path, hint = f"{prefix}{cut(str(key), MAX_PATH_CHARS)}", _hint(str(key), allowed)
-        if hint.startswith("; accepted keys: ") and not hint.endswith(REFERENCE_POINTER):
-            hint, listed = (
-                (hint, path) if not listed else (f"; accepted keys: as for {listed}", listed)
-            )
+        path, hint = f"{prefix}{cut(str(key), MAX_PATH_CHARS)}", key_hint(str(key), allowed)
+        if not hint and len(allowed) > MAX_LISTED_KEYS:
+            hint = f"; {REFERENCE_POINTER}"
+        elif not hint and listed:
+            hint = f"; accepted keys: as for {listed}"
+        elif not hint:
+            hint, listed = f"; accepted keys: {', '.join(allowed)}", path
         problems.append(FieldError(path, "unknown key" + hint))
     if len(unknown) > MAX_UNKNOWN_KEYS:
         more = len(unknown) - MAX_UNKNOWN_KEYS
