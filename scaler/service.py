@@ -52,6 +52,11 @@ def shown(text: str, limit: int = 80) -> str:
 
 
 def bounded(message: str, limit: int = STATUS_MESSAGE_MAX) -> str:
+    """`message` cut to `limit` bytes as a status trailer encodes it (3 per byte outside
+    printable ASCII, and `%`). Every failed call's message passes here: one within the limit in
+    printable ASCII, the usual case, is told so at C speed, not a character at a time."""
+    if len(message) <= limit and message.isascii() and message.isprintable() and "%" not in message:
+        return message
     cost = 0
     for index, char in enumerate(message):
         printable = " " <= char <= "~" and char != "%"
