@@ -178,8 +178,9 @@ class Fleet:
         prefill = np.bincount(self.r_pod, weights=self.r_prefill, minlength=size)
         decode = np.zeros(size)
         np.maximum.at(decode, self.r_pod, self.r_decode)
-        share = np.array([svc.prefill_share(float(b)) for b in n])
         step = svc.decode_base_s + svc.decode_per_seq_s * np.maximum(n, 1.0)
+        chunk_s = svc.max_batched_tokens / svc.prefill_tokens_per_s
+        share = np.where(n > 0, chunk_s / (chunk_s + step), 1.0)  # `prefill_share`, per pod
         bound = prefill / (svc.prefill_tokens_per_s * share) + (decode + 1.0) * step
         bound[n == 0] = 0.0
         return bound[pods] + self.dt
