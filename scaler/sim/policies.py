@@ -404,10 +404,10 @@ def _burst_need(work: NDArray[np.float64], dt: float, slo_s: float) -> IntArray:
             shift = min(span, steps - span)
             held[shift:] = np.maximum(held[shift:], held[:-shift])
             span += shift
-        padded = np.zeros(work.size)
+        padded = np.empty(work.size)
         padded[: held.size] = held
-        for tail in range(1, steps):  # the last steps are covered by windows ending in them
-            padded[held.size - 1 + tail] = max(padded[held.size - 2 + tail], 0.0)
+        # The last steps are covered by windows ending in them: they hold the last window's.
+        padded[held.size :] = max(held[-1], 0.0)
         out = np.maximum(out, padded)
         steps *= 2
     return np.ceil(out - 1e-9).astype(np.int64)
