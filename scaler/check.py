@@ -231,14 +231,10 @@ def _number(value: object) -> float | None:
 
 def _hpa_behavior(spec: Mapping[str, Any], max_count: int, checked: Checked) -> None:
     advanced = _mapping(spec, "advanced")
-    hpa = advanced.get("horizontalPodAutoscalerConfig")
-    behavior = hpa.get("behavior") if isinstance(hpa, Mapping) else None
-    behavior = behavior if isinstance(behavior, Mapping) else {}
+    behavior = _mapping(_mapping(advanced, "horizontalPodAutoscalerConfig"), "behavior")
     base = "spec.advanced.horizontalPodAutoscalerConfig.behavior"
     for direction in ("scaleUp", "scaleDown"):
-        rules = behavior.get(direction)
-        rules = rules if isinstance(rules, Mapping) else {}
-        raw = rules.get("tolerance")
+        raw = _mapping(behavior, direction).get("tolerance")
         tolerance = HPA_TOLERANCE if raw is None else _number(raw)
         if tolerance is not None and tolerance > 0 and max_count > 1 / tolerance:
             said = "the HPA's default 10%" if raw is None else f"{raw!r}"
@@ -247,7 +243,7 @@ def _hpa_behavior(spec: Mapping[str, Any], max_count: int, checked: Checked) -> 
                 f"{said}: the HPA drops +-1 steps of the scaler's target above "
                 f'{1 / tolerance:.0f} replicas (maxReplicaCount {max_count}); set tolerance: "0"',
             )
-    window = (behavior.get("scaleDown") or {}).get("stabilizationWindowSeconds")
+    window = _mapping(behavior, "scaleDown").get("stabilizationWindowSeconds")
     if not isinstance(window, int) or window > 0:
         shown = "unset (the HPA's 300 s)" if window is None else f"{window}"
         checked.warn(

@@ -319,6 +319,18 @@ def test_a_second_scale_down_window_is_a_warning(
     )
 
 
+def test_a_behavior_that_is_no_mapping_is_the_schemas_finding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scaleDown written as a string is named by the schema; the HPA checks read past it."""
+    behavior = "spec__advanced__horizontalPodAutoscalerConfig__behavior"
+    lines = rejected(tmp_path, capsys, scaled_object(**{f"{behavior}__scaleDown": "fast"}))
+    assert lines[0].startswith(
+        HEAD + "spec.advanced.horizontalPodAutoscalerConfig.behavior.scaleDown: 'fast' is not of "
+    ), lines
+    assert any("scaleDown.stabilizationWindowSeconds: warning: unset" in line for line in lines)
+
+
 def test_keda_bounds_against_the_triggers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
