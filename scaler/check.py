@@ -387,7 +387,8 @@ def check_scaled_object(
     spec = _mapping(obj, "spec")
     meta = _mapping(obj, "metadata")
     where = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
-    min_count, max_count = spec.get("minReplicaCount", 0), spec.get("maxReplicaCount", 100)
+    min_count = spec.get("minReplicaCount", 0)
+    max_count = spec.get("maxReplicaCount", KEDA_MAX_REPLICAS)
     if isinstance(min_count, int) and isinstance(max_count, int) and min_count > max_count:
         checked.problem(
             "spec.minReplicaCount",
