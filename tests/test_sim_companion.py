@@ -56,6 +56,23 @@ def _bound(cluster: Cluster) -> int:
     return sum(1 for h in cluster.placeholders.values() if h.node is not None)
 
 
+def _target(replicas: int, at: float = 0.0, outlook: Outlook | None = None) -> Decision:
+    """The bench scaler's decision of `replicas` at `at`, as the companion's pass reads it."""
+    return Decision(
+        workload="bench/llama-3-8b",
+        metric_name="queue",
+        at=at,
+        replicas=replicas,
+        active=True,
+        reason=Reason.CURRENT_NEED,
+        need=float(replicas),
+        in_flight=None,
+        arrival_rate=None,
+        detail="",
+        outlook=outlook,
+    )
+
+
 def test_placeholders_launch_a_node_ahead_so_a_replica_waits_only_for_its_model() -> None:
     cold, warm = _cluster(), _cluster()
     warm.set_placeholders(0.0, 1)
@@ -178,28 +195,13 @@ def test_a_target_the_hpa_applies_at_once_buys_no_placeholder_one_it_lags_does()
     be preempted by the new pods, pend again and make Karpenter launch a second node for the
     same GPUs). If the pods are still missing at the next pass, the gap is pre-warmed."""
     scaler = ScalerPolicy(scaler_metadata(8.0, 2.0, 180.0, 40))
-
-    def target(at: float) -> Decision:
-        return Decision(
-            workload="bench/llama-3-8b",
-            metric_name="queue",
-            at=at,
-            replicas=24,
-            active=True,
-            reason=Reason.CURRENT_NEED,
-            need=24.0,
-            in_flight=None,
-            arrival_rate=None,
-            detail="",
-        )
-
-    scaler.decision = target(0.0)
+    scaler.decision = _target(24, 0.0)
     prewarm = Prewarm(scaler, CompanionConfig(max_placeholders=100))
     cluster = _cluster()
     cluster.warm(14)
     first = prewarm.companion_pass(0.0, cluster)
     assert first.placeholders == 0, first.reasons
-    scaler.decision = target(15.0)
+    scaler.decision = _target(24, 15.0)
     lagging = prewarm.companion_pass(15.0, cluster)  # the HPA created none of the 10 pods
     assert lagging.placeholders == 10, lagging.reasons
     cluster.scale_to(15.0, 24)
@@ -279,19 +281,7 @@ def test_the_simulated_companion_counts_pending_replicas_and_caps_at_max_replica
     scaler = ScalerPolicy(scaler_metadata(8.0, 2.0, 180.0, 8, {"forecast": "on"}))
     assert scaler.spec.max_replicas == 8
     outlook = Outlook(point_max=10.0, upper_max=12.0, model="test", horizon_s=300.0, made_at=0.0)
-    scaler.decision = Decision(
-        workload="bench/llama-3-8b",
-        metric_name="queue",
-        at=0.0,
-        replicas=3,
-        active=True,
-        reason=Reason.CURRENT_NEED,
-        need=3.0,
-        in_flight=None,
-        arrival_rate=None,
-        detail="",
-        outlook=outlook,
-    )
+    scaler.decision = _target(3, outlook=outlook)
     prewarm = Prewarm(scaler, CompanionConfig(max_placeholders=100))
     cluster = _cluster()
     cluster.scale_to(0.0, 3)
