@@ -28,7 +28,7 @@ from scaler import telemetry
 from scaler._proto import externalscaler_pb2 as pb
 from scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from scaler.engine import Engine, Fault, NoDecisionError
-from scaler.trigger import TriggerCache, TriggerError, TriggerSpec
+from scaler.trigger import PATH_SHOWN, TriggerCache, TriggerError, TriggerSpec, cut
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,9 +46,9 @@ STATUS_MESSAGE_MAX = 4000
 NAME_MAX, NAMESPACE_MAX = 253, 63  # Kubernetes: a DNS subdomain, a DNS label
 
 
-def shown(text: str, limit: int = 80) -> str:
-    """A piece of client input as echoed in a status message."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def shown(text: str) -> str:
+    """A piece of client input as echoed in a status message (cut as a trigger's problems are)."""
+    return cut(text, PATH_SHOWN)
 
 
 def bounded(message: str, limit: int = STATUS_MESSAGE_MAX) -> str:
@@ -169,7 +169,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         try:
             return self._triggers.parse(ref.namespace, ref.name, ref.scalerMetadata)
         except TriggerError as exc:
-            problems = "; ".join(f"{shown(p.path)}: {p.message}" for p in exc.problems)
+            # TriggerCache gives each problem cut already (`problems_of`): joined as they are.
+            problems = "; ".join(f"{p.path}: {p.message}" for p in exc.problems)
             raise RpcError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"ScaledObject {ref.namespace}/{ref.name}: trigger metadata: {problems}",
