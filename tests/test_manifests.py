@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import re
-import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -28,7 +27,7 @@ if str(TESTS_DIR) not in sys.path:  # k8s_schema.py sits next to this file, unde
 
 import k8s_schema  # noqa: E402
 
-from tests.tools import require  # noqa: E402
+from tests.tools import kustomize  # noqa: E402
 
 DEPLOY = k8s_schema.REPO_ROOT / "deploy"
 BASE = DEPLOY / "base"
@@ -865,17 +864,9 @@ def test_cert_manager_kustomization_adds_the_pki_to_the_base() -> None:
 
 
 def test_cert_manager_kustomize_build_keeps_every_namespace() -> None:
-    built = subprocess.run(
-        [require("kubectl"), "kustomize", str(CERT_MANAGER)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert built.returncode == 0, f"kubectl kustomize failed: {built.stderr.strip()[:2000]}"
     placed = {
         (obj["kind"], obj["metadata"]["name"]): obj["metadata"].get("namespace")
-        for obj in yaml.safe_load_all(built.stdout)
+        for obj in kustomize(CERT_MANAGER)
     }
     expected = {
         (obj["kind"], obj["metadata"]["name"]): obj["metadata"].get("namespace")
@@ -1019,18 +1010,10 @@ def test_companion_rbac_grants_exactly_what_it_uses() -> None:
 def test_companion_kustomize_build_keeps_the_events_role_in_the_event_namespace() -> None:
     """`kubectl kustomize deploy/companion`: the kustomization's `namespace:` moves everything to
     the companion's namespace, and its transformer moves the Events Role and binding back."""
-    built = subprocess.run(
-        [require("kubectl"), "kustomize", str(COMPANION)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert built.returncode == 0, f"kubectl kustomize failed: {built.stderr.strip()[:2000]}"
     args = _companion_args()
     placed = {
         (obj["kind"], obj["metadata"]["name"]): obj["metadata"].get("namespace")
-        for obj in yaml.safe_load_all(built.stdout)
+        for obj in kustomize(COMPANION)
     }
     assert placed == {
         (obj["kind"], obj["metadata"]["name"]): (
@@ -1283,15 +1266,7 @@ def test_pod_monitor_scrapes_the_companion_pods_metrics_port() -> None:
 
 
 def test_monitoring_kustomize_build_holds_the_dashboard_configmap() -> None:
-    built = subprocess.run(
-        [require("kubectl"), "kustomize", str(MONITORING)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert built.returncode == 0, f"kubectl kustomize failed: {built.stderr.strip()[:2000]}"
-    objects = {obj["kind"]: obj for obj in yaml.safe_load_all(built.stdout)}
+    objects = {obj["kind"]: obj for obj in kustomize(MONITORING)}
     assert set(objects) == {"ConfigMap", "ServiceMonitor", "PodMonitor", "PrometheusRule"}
     config_map = objects["ConfigMap"]
     assert config_map["metadata"]["name"] == "gpu-queue-scaler-dashboard"

@@ -25,7 +25,7 @@ if str(TESTS_DIR) not in sys.path:
 
 import k8s_schema  # noqa: E402
 
-from tests.tools import require  # noqa: E402
+from tests.tools import kustomize, require  # noqa: E402
 
 ROOT = k8s_schema.REPO_ROOT
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -124,17 +124,7 @@ def test_release_holds_every_object_of_the_kustomizations_once(
 ) -> None:
     keys = [_key(obj) for obj in release]
     assert len(keys) == len(set(keys)), "an object twice in the release"
-    kubectl = require("kubectl")
-    parts: set[tuple[str, str, str, str | None]] = set()
-    for part in PARTS:
-        built = subprocess.run(
-            [kubectl, "kustomize", str(ROOT / "deploy" / part)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-        parts |= {_key(obj) for obj in yaml.safe_load_all(built.stdout) if obj}
+    parts = {_key(obj) for part in PARTS for obj in kustomize(ROOT / "deploy" / part)}
     assert set(keys) == parts
     # The settings ConfigMap is local-config: read by the replacements, never applied.
     assert not [k for k in keys if k[2] == "gpu-queue-scaler-namespaces"]

@@ -9,13 +9,16 @@ that checked nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tests.servers.base import await_install
 
@@ -91,6 +94,25 @@ def require(tool: str) -> str:
     if path is None:
         pytest.fail(f"{why}; `./dev test` installs it", pytrace=False)
     return path
+
+
+@functools.cache
+def _kustomized(path: Path) -> str:
+    built = subprocess.run(
+        [require("kubectl"), "kustomize", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert built.returncode == 0, f"kubectl kustomize failed: {built.stderr.strip()[:2000]}"
+    return built.stdout
+
+
+def kustomize(path: Path) -> list[dict[str, Any]]:
+    """The objects `kubectl kustomize path` builds (fresh copies each call). Each kustomization
+    is built once a run: tests/test_manifests.py and tests/test_release.py read the same ones."""
+    return [obj for obj in yaml.safe_load_all(_kustomized(path)) if obj]
 
 
 def main(argv: list[str]) -> int:
