@@ -566,8 +566,6 @@ class Engine:
                 await self._turns.take()
                 await self._evaluate(workload, tick)
                 workload.last_tick = tick
-        except asyncio.CancelledError:
-            raise
         except Exception:  # a bug must not leave KEDA with a silently frozen target
             log.exception("workload loop crashed", extra={"workload": key[0] + "/" + key[1]})
             workload.publish(
@@ -620,8 +618,6 @@ class Engine:
                 history = await turn.patiently(
                     read_history(source, spec, segments), HISTORY_PATIENCE_S
                 )
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:  # down, refused, garbage, a bug: a cold start, not a crash
                 bug = not isinstance(exc, (SourceError, TimeoutError))
                 log.warning(
@@ -665,8 +661,6 @@ class Engine:
                     break
                 try:
                     history = await source.history(spec, end, later, step)
-                except asyncio.CancelledError:
-                    raise
                 except Exception:  # replayed so far is kept; the live ticks take over
                     break
                 end = later
@@ -686,8 +680,6 @@ class Engine:
             # then never stops. asyncio.timeout awaits the read in this task: nothing is lost.
             async with asyncio.timeout(timeout):
                 signal = await source.read(spec, at)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # a source bug must not cost the last good target
             problem = (
                 exc
