@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -450,9 +450,50 @@ def _label(kind: str, meta: object, index: int, count: int) -> str:
     return f"{kind} (document {index + 1})" if count > 1 else kind
 
 
-def _config_findings(error: ConfigError, prefix: str, checked: Checked) -> None:
-    for p in error.problems:
-        checked.problem(f"{prefix}{p.path}" if prefix else p.path, p.message)
+def _tuning(checked: Checked, named: str, load: Callable[[], Config], prefix: str = "") -> Tuning:
+    """A config document's tuning: `load()`'s config (and an `ok` note), or its problems."""
+    try:
+        config = load()
+    except ConfigError as exc:
+        for p in exc.problems:
+            checked.problem(f"{prefix}{p.path}", p.message)
+        return Tuning(None, named)
+    checked.note = f"ok ({len(config.profiles)} profiles)"
+    return Tuning(config, named)
+
+
+def _document(
+    doc: object,
+    shown: str,
+    index: int,
+    count: int,
+    scaled: list[tuple[Checked, Mapping[str, Any]]],
+) -> tuple[Checked, Tuning | None]:
+    """One document of a file: what was found, and the tuning it carries (a config file or the
+    scaler's ConfigMap); a ScaledObject goes to `scaled`, checked once every config is read."""
+    kind = doc.get("kind") if isinstance(doc, Mapping) else None
+    if not isinstance(doc, Mapping) or kind is None:  # a plain config file
+        checked = Checked(shown, _label("config", None, index, count) if count > 1 else "")
+        return checked, _tuning(checked, shown, functools.partial(parse_document, doc, shown))
+    key = (str(doc.get("apiVersion")), str(kind))
+    checked = Checked(shown, _label(key[1], doc.get("metadata"), index, count))
+    if key == SCALED_OBJECT:
+        scaled.append((checked, doc))
+        return checked, None
+    data = doc.get("data")
+    if key == ("v1", "ConfigMap") and isinstance(data, Mapping) and CONFIG_DATA_KEY in data:
+        named, text = f"{shown}: {checked.label}", data[CONFIG_DATA_KEY]
+        if not isinstance(text, str):
+            checked.problem(f"data.{CONFIG_DATA_KEY}", "must be a string (the config file)")
+            return checked, Tuning(None, named)
+        load = functools.partial(load_config_text, text, named)
+        return checked, _tuning(checked, named, load, f"data.{CONFIG_DATA_KEY}: ")
+    checked.skipped = True
+    checked.note = (
+        f"skipped: not a {' '.join(SCALED_OBJECT)}, the scaler's ConfigMap "
+        f"(data.{CONFIG_DATA_KEY}) or a config file"
+    )
+    return checked, None
 
 
 @dataclass
@@ -493,49 +534,10 @@ def run(files: Sequence[str], config_file: str | None = None, scaler_address: st
             state.say([f"{shown}: {p}" for p in exc.problems])
             continue
         for index, doc in enumerate(documents):
-            if doc is None:
-                continue
-            kind = doc.get("kind") if isinstance(doc, Mapping) else None
-            if not isinstance(doc, Mapping) or kind is None:  # a plain config file
-                checked = Checked(shown, _label("config", None, index, len(documents)))
-                checked.label = checked.label if len(documents) > 1 else ""
-                try:
-                    config = parse_document(doc, shown)
-                    checked.note = f"ok ({len(config.profiles)} profiles)"
-                except ConfigError as exc:
-                    config = None
-                    _config_findings(exc, "", checked)
-                first = first or Tuning(config, shown)
+            if doc is not None:
+                checked, found = _document(doc, shown, index, len(documents), scaled)
                 state.add(checked)
-                continue
-            key = (str(doc.get("apiVersion")), str(kind))
-            checked = Checked(shown, _label(key[1], doc.get("metadata"), index, len(documents)))
-            if key == SCALED_OBJECT:
-                scaled.append((checked, doc))
-                state.add(checked)
-                continue
-            data = doc.get("data")
-            if key == ("v1", "ConfigMap") and isinstance(data, Mapping) and CONFIG_DATA_KEY in data:
-                prefix = f"data.{CONFIG_DATA_KEY}: "
-                text = data[CONFIG_DATA_KEY]
-                config = None
-                if not isinstance(text, str):
-                    checked.problem(prefix.rstrip(": "), "must be a string (the config file)")
-                else:
-                    try:
-                        config = load_config_text(text, f"{shown}: {checked.label}")
-                        checked.note = f"ok ({len(config.profiles)} profiles)"
-                    except ConfigError as exc:
-                        _config_findings(exc, prefix, checked)
-                first = first or Tuning(config, f"{shown}: {checked.label}")
-                state.add(checked)
-                continue
-            checked.skipped = True
-            checked.note = (
-                f"skipped: not a {' '.join(SCALED_OBJECT)}, the scaler's ConfigMap "
-                f"(data.{CONFIG_DATA_KEY}) or a config file"
-            )
-            state.add(checked)
+                first = first or found
     tuning = first or Tuning(None, "")
     if config_file is not None:
         try:
