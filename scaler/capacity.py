@@ -134,9 +134,7 @@ def loaded_service_time(signal: Signal, spec: CapacitySpec) -> float | None:
     running count is capped by its slots, so running / arrival_rate would understate S)."""
     if spec.service_time_s is not None or signal.service_time_s is not None:
         return service_time(signal, spec)
-    if signal.waiting is None or signal.waiting >= 1.0 or (signal.running or 0.0) < 1.0:
-        return None
-    return service_time(signal, spec)
+    return measured_service_time(signal)
 
 
 def measured_service_time(signal: Signal) -> float | None:
