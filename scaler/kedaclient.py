@@ -8,14 +8,17 @@ count a cluster would run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
 from scaler._proto import externalscaler_pb2 as pb
 from scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from scaler.hpa import desired_replicas_average_value
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -71,22 +74,20 @@ class KedaLikeClient:
         """One evaluation as KEDA asks it (GetMetricSpec, GetMetrics with the spec's metric,
         IsActive), each call made even when an earlier one failed: each call's status, for
         driving a server with metadata that is meant to be rejected."""
-        codes: list[grpc.StatusCode] = []
-        metric = "none"
-        for method in ("GetMetricSpec", "GetMetrics", "IsActive"):
-            try:
-                if method == "GetMetricSpec":
-                    spec = await self.stub.GetMetricSpec(ref, timeout=deadline_s)
-                    metric = spec.metricSpecs[0].metricName
-                elif method == "GetMetrics":
-                    request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName=metric)
-                    await self.stub.GetMetrics(request, timeout=deadline_s)
-                else:
-                    await self.stub.IsActive(ref, timeout=deadline_s)
-                codes.append(grpc.StatusCode.OK)
-            except grpc.aio.AioRpcError as exc:
-                codes.append(exc.code())
-        return codes
+        spec_code, spec = await _status(self.stub.GetMetricSpec(ref, timeout=deadline_s))
+        metric = "none" if spec is None else spec.metricSpecs[0].metricName
+        request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName=metric)
+        metrics_code, _ = await _status(self.stub.GetMetrics(request, timeout=deadline_s))
+        active_code, _ = await _status(self.stub.IsActive(ref, timeout=deadline_s))
+        return [spec_code, metrics_code, active_code]
 
     async def close(self) -> None:
         await self.channel.close()
+
+
+async def _status(call: Awaitable[T]) -> tuple[grpc.StatusCode, T | None]:
+    """A call's status, and its answer when it is OK."""
+    try:
+        return grpc.StatusCode.OK, await call
+    except grpc.aio.AioRpcError as exc:
+        return exc.code(), None
