@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests import k8s_schema
+from tests.metric_scrapes import companion_families, scaler_families
+from tests.tools import require
+
 TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(TESTS_DIR))
-
-import k8s_schema  # noqa: E402
-
-from tests.metric_scrapes import companion_families, scaler_families  # noqa: E402
-from tests.tools import require  # noqa: E402
 
 ROOT = k8s_schema.REPO_ROOT
 ALERTS = ROOT / "deploy" / "monitoring" / "alerts.yaml"

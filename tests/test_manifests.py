@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import re
-import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -21,13 +20,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:  # k8s_schema.py sits next to this file, under any import mode
-    sys.path.insert(0, str(TESTS_DIR))
-
-import k8s_schema  # noqa: E402
-
-from tests.tools import kustomize  # noqa: E402
+from tests import k8s_schema
+from tests.tools import kustomize
 
 DEPLOY = k8s_schema.REPO_ROOT / "deploy"
 BASE = DEPLOY / "base"

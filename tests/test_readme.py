@@ -4,20 +4,15 @@ the scaler accept, and it links every page of the documentation site."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import yaml
 
 from scaler.trigger import parse_trigger
+from tests import k8s_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
-TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(TESTS_DIR))
-
-import k8s_schema  # noqa: E402
 
 
 def test_quickstart_is_two_commands_and_ci_runs_the_test_one():

@@ -19,13 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(TESTS_DIR))
-
-import k8s_schema  # noqa: E402
-
-from tests.tools import kustomize, require  # noqa: E402
+from tests import k8s_schema
+from tests.tools import kustomize, require
 
 ROOT = k8s_schema.REPO_ROOT
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -132,7 +127,7 @@ def test_release_holds_every_object_of_the_kustomizations_once(
 
 
 def test_every_release_object_validates_against_its_schema(release: list[dict[str, Any]]) -> None:
-    import test_manifests  # the module (its cert-manager checker), not its tests
+    from tests import test_manifests  # the module (its cert-manager checker), not its tests
 
     checked = {"crd": 0, "core": 0, "cert-manager": 0}
     for obj in release:

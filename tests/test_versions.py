@@ -13,20 +13,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(TESTS_DIR))
-
-import k8s_schema  # noqa: E402
-
-from tests import tools  # noqa: E402
+from tests import k8s_schema, tools
 
 REPO = k8s_schema.REPO_ROOT
 DEPLOY = REPO / "deploy"
