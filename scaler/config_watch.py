@@ -40,7 +40,7 @@ MAX_LOGGED_PROBLEMS = 5  # a rejection is one log line: its first problems (each
 class _Read:
     """What a poll found, worked out off the event loop."""
 
-    digest: str | None = None  # None: nothing to apply (unchanged, or the file is unreadable)
+    digest: str | None = None  # None: the file could not be read (no digest to cache an error by)
     config: Config | None = None
     error: ConfigError | None = None
     unchanged: bool = False
