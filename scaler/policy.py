@@ -270,9 +270,9 @@ def observe_service_fit(fit: Fit, signal: Signal, s: float | None, at: float) ->
     return tuple(kept)
 
 
-def operating_service_time(fit: Fit, target_concurrency: float) -> tuple[float, float] | None:
-    """(S at b = targetConcurrency, the slope per request of batch) from the fit, or None with
-    fewer than SERVICE_FIT_MIN_TICKS points. The slope is kept within what a server can do:
+def operating_service_time(fit: Fit, target_concurrency: float) -> float | None:
+    """S at b = targetConcurrency from the fit, or None with fewer than SERVICE_FIT_MIN_TICKS
+    points. The fit's slope (per request of batch) is kept within what a server can do:
     never negative (a larger batch never serves a request faster) and never above mean S / mean
     b (S proportional to the batch: a replica that gains no throughput from batching)."""
     n, sb, ss, sbb, sbs = 0, 0.0, 0.0, 0.0, 0.0
@@ -289,7 +289,7 @@ def operating_service_time(fit: Fit, target_concurrency: float) -> tuple[float, 
     cov = sbs / n - mean_b * mean_s
     ridge = (FIT_RIDGE * mean_b) ** 2
     slope = min(max(0.0, cov / (var_b + ridge)), mean_s / mean_b)
-    return mean_s + slope * (target_concurrency - mean_b), slope
+    return mean_s + slope * (target_concurrency - mean_b)
 
 
 def observe_service_time(
@@ -454,9 +454,7 @@ def decide(
         state.service_fit, signal, capacity.measured_service_time(signal), at
     )
     operating = operating_service_time(service_fit, spec.target_concurrency)
-    required = capacity.need(
-        signal, spec.capacity, ahead_of, operating[0] if operating is not None else None
-    )
+    required = capacity.need(signal, spec.capacity, ahead_of, operating)
     if required is None:
         reasons = faults + signal.reasons
         return hold(state, at, stale_s, reasons or ("no in-flight or arrival signal",)), state
