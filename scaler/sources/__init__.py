@@ -72,7 +72,7 @@ class Sources:
         self._synthetic = SyntheticSource()
         self._scrape: ScrapeSource | None = None
         self._prometheus: dict[str, PrometheusSource] = {}
-        self._readers: dict[str, set[str]] = {}  # Prometheus URL -> workloads reading it
+        self._readers: dict[str, int] = {}  # Prometheus URL -> how many workloads read it
         self._reading: dict[str, str] = {}  # workload -> the Prometheus URL it reads
 
     def _prometheus_for(self, url: str | None, user: str) -> PrometheusSource | None:
@@ -82,16 +82,18 @@ class Sources:
             self._drop_reader(user)
         if url is None:
             return None
-        if url not in self._prometheus:
-            if len(self._prometheus) >= MAX_PROMETHEUS_SERVERS:
-                raise SourceError(
-                    f"{MAX_PROMETHEUS_SERVERS} Prometheus servers are read already, the most "
-                    "one scaler reads at once; this serverAddress is read once one is closed "
-                    "(its last workload dropped)"
-                )
-            self._prometheus[url] = PrometheusSource(url)
-        self._readers.setdefault(url, set()).add(user)
-        self._reading[user] = url
+        if user not in self._reading:  # a new reader of this URL (counted once)
+            if url not in self._prometheus:
+                if len(self._prometheus) >= MAX_PROMETHEUS_SERVERS:
+                    raise SourceError(
+                        f"{MAX_PROMETHEUS_SERVERS} Prometheus servers are read already, the most "
+                        "one scaler reads at once; this serverAddress is read once one is closed "
+                        "(its last workload dropped)"
+                    )
+                self._prometheus[url] = PrometheusSource(url)
+                self._readers[url] = 0
+            self._readers[url] += 1
+            self._reading[user] = url
         return self._prometheus[url]
 
     def _drop_reader(self, user: str) -> None:
@@ -100,9 +102,8 @@ class Sources:
             return
         source = self._prometheus[url]
         source.forget(user)
-        readers = self._readers[url]
-        readers.discard(user)
-        if not readers:
+        self._readers[url] -= 1
+        if not self._readers[url]:
             del self._readers[url], self._prometheus[url]
             source.close()
 
