@@ -14,7 +14,6 @@ that refuses connections.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import gc
 import random
 import socket
@@ -22,7 +21,6 @@ import string
 import time
 import tracemalloc
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -38,6 +36,7 @@ from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec
 from tests.conftest import poll, ref, run_bench
 from tests.test_fuzz import KNOWN_VALUES, VALUES_BY_KEY
+from tests.test_malformed_rpcs import os_status  # RSS and threads, as that test reads them
 
 SETTINGS = ServerSettings(
     evaluation_interval_s=1.0,  # hundreds of loops: a tick a second keeps the test's CPU low
@@ -47,15 +46,6 @@ SETTINGS = ServerSettings(
 # Keys whose valid values send traffic: only loopback ones, or invalid ones, are drawn for them.
 # `service` would list EndpointSlices from a Kubernetes API: only invalid names are drawn.
 OFF_LOOPBACK = ("serverAddress", "scrapeTargets", "service")
-
-
-def os_status() -> tuple[float, int]:
-    """This process's RSS (MB) and OS threads (gRPC's and the pools' included). The heap's free
-    memory is given back to the OS first (glibc's malloc_trim): RSS counts what is held."""
-    gc.collect()
-    ctypes.CDLL(None).malloc_trim(0)
-    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["Threads"])
 
 
 def value_for(rng: random.Random, key: str, index: int, port: int) -> str:
