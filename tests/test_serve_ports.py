@@ -7,7 +7,6 @@ gRPC sets SO_REUSEPORT by default, so a second server on a port in use used to b
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
@@ -19,13 +18,7 @@ from scaler.kedaclient import KedaLikeClient
 from scaler.server import ScalerServer
 from tests.conftest import FAST, ServerFactory, ref, synthetic
 from tests.serve_process import ServeProcess
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+from tests.servers.ports import free_port
 
 
 def _server(address: str, **kwargs: str) -> ScalerServer:
@@ -38,7 +31,7 @@ async def test_a_grpc_port_in_use_fails_the_second_server(
 ) -> None:
     first, client = await start_server(health_address="127.0.0.1:0")
     taken = f"127.0.0.1:{first.port if which == 'address' else first.health_port}"
-    addresses = {"address": f"127.0.0.1:{_free_port()}", "health_address": "127.0.0.1:0"}
+    addresses = {"address": f"127.0.0.1:{free_port()}", "health_address": "127.0.0.1:0"}
     addresses[which] = taken
     second = _server(**addresses)
     what = "gRPC" if which == "address" else "health"
@@ -52,7 +45,7 @@ async def test_a_metrics_port_in_use_fails_and_releases_the_grpc_port(
     start_server: ServerFactory,
 ) -> None:
     first, _ = await start_server(metrics_address="127.0.0.1:0")
-    grpc_port = _free_port()
+    grpc_port = free_port()
     taken = f"127.0.0.1:{first.metrics_port}"
     second = _server(f"127.0.0.1:{grpc_port}", metrics_address=taken)
     with pytest.raises(OSError, match=rf"cannot listen on {taken} \(metrics\)"):
