@@ -81,7 +81,7 @@ class ScrapeSource:
             return f"{target}: {body}"
         return parse(body[0].decode(body[1], errors="replace"), wanted)
 
-    async def _body(self, url: str, timeout_s: float) -> tuple[bytes, str] | str:
+    async def _body(self, url: str, timeout_s: float) -> tuple[bytearray, str] | str:
         """The answer's body, decoded, with its text encoding; or why it is not read.
 
         Read as it arrives and given up past MAX_BODY_BYTES decoded, where reading it whole
@@ -110,7 +110,7 @@ class ScrapeSource:
                         )
             except zlib.error as exc:
                 return f"undecodable gzip body: {exc}"[:200]
-            return bytes(body), response.encoding or "utf-8"
+            return body, response.encoding or "utf-8"  # decoded as it is: no copy
 
     def _window(self, key: str, window_s: float, now: float) -> Window:
         for old in [k for k, (used, _) in self._windows.items() if now - used > FORGET_AFTER_S]:
