@@ -125,7 +125,40 @@ class HpaGpuUtil:
         return self.hpa.normalize(at, current, proposal)
 
 
-class KedaInflight:
+class KedaAverageValue:
+    """KEDA's Prometheus scaler with an AverageValue `threshold` per replica: the metric
+    (`metric`, per subclass) as Prometheus last scraped it, KEDA's activation on its polls
+    (minReplicaCount `min_replicas`) and the HPA it creates on its syncs (HPA defaults)."""
+
+    name: str
+
+    def __init__(self, min_replicas: int, max_replicas: int, threshold: float) -> None:
+        self.keda = Keda(min_replicas)
+        self.hpa = Hpa(1, max_replicas, HpaBehavior())
+        self.threshold = threshold
+        self.scraped = 0.0
+        self.next_scrape = -math.inf
+
+    def metric(self, stats: StepStats) -> float:
+        raise NotImplementedError
+
+    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+        if at + 1e-9 >= self.next_scrape:
+            self.next_scrape = at + PROMETHEUS_SCRAPE_S
+            self.scraped = self.metric(stats)
+        current = cluster.replicas
+        wanted = current
+        if self.keda.due(at):
+            wanted = self.keda.poll(at, current, self.scraped > 0.0)
+        if wanted > 0 and current > 0 and self.hpa.due(at):
+            proposal = average_value_replicas(
+                current, self.scraped, self.threshold, self.hpa.behavior.tolerance
+            )
+            wanted = self.hpa.normalize(at, current, proposal)
+        return wanted
+
+
+class KedaInflight(KedaAverageValue):
     """KEDA's Prometheus scaler on requests in flight, the strongest plain reactive setup:
     `sum(vllm:num_requests_running + vllm:num_requests_waiting)` with metricType AverageValue
     and `threshold` per replica, minReplicaCount 1 (so KEDA's activation never scales to zero
@@ -135,35 +168,11 @@ class KedaInflight:
     unlike the queue-depth pitfall."""
 
     def __init__(self, max_replicas: int, threshold: float, name: str = KEDA_INFLIGHT) -> None:
+        super().__init__(1, max_replicas, threshold)
         self.name = name
-        self.keda = Keda(1)
-        self.hpa = Hpa(1, max_replicas, HpaBehavior())
-        self.threshold = threshold
-        self.scraped = 0.0
-        self.next_scrape = -math.inf
 
-    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
-        return keda_average_value_act(self, at, cluster, float(stats.waiting + stats.running))
-
-
-def keda_average_value_act(
-    policy: KedaInflight | KedaPrometheus, at: float, cluster: Cluster, metric: float
-) -> int:
-    """KEDA's Prometheus scaler with an AverageValue `threshold`: the metric as Prometheus last
-    scraped it, KEDA's activation on its polls and the HPA it creates on its syncs."""
-    if at + 1e-9 >= policy.next_scrape:
-        policy.next_scrape = at + PROMETHEUS_SCRAPE_S
-        policy.scraped = metric
-    current = cluster.replicas
-    wanted = current
-    if policy.keda.due(at):
-        wanted = policy.keda.poll(at, current, policy.scraped > 0.0)
-    if wanted > 0 and current > 0 and policy.hpa.due(at):
-        proposal = average_value_replicas(
-            current, policy.scraped, policy.threshold, policy.hpa.behavior.tolerance
-        )
-        wanted = policy.hpa.normalize(at, current, proposal)
-    return wanted
+    def metric(self, stats: StepStats) -> float:
+        return float(stats.waiting + stats.running)
 
 
 def keda_inflight_threshold(slots: int, share: float) -> float:
@@ -171,7 +180,7 @@ def keda_inflight_threshold(slots: int, share: float) -> float:
     return max(1.0, math.floor(share * slots))
 
 
-class KedaPrometheus:
+class KedaPrometheus(KedaAverageValue):
     """The documented pitfall, kept as such: KEDA's Prometheus scaler on queue depth:
     `sum(vllm:num_requests_waiting)` with an AverageValue `threshold` per replica and
     activationThreshold 0; HPA defaults (tolerance 0.1, 300 s scale-down window),
@@ -182,14 +191,10 @@ class KedaPrometheus:
     name = "keda-prometheus"
 
     def __init__(self, max_replicas: int, threshold: float) -> None:
-        self.keda = Keda(0)
-        self.hpa = Hpa(1, max_replicas, HpaBehavior())
-        self.threshold = threshold
-        self.scraped = 0.0
-        self.next_scrape = -math.inf
+        super().__init__(0, max_replicas, threshold)
 
-    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
-        return keda_average_value_act(self, at, cluster, float(stats.waiting))
+    def metric(self, stats: StepStats) -> float:
+        return float(stats.waiting)
 
 
 def scaler_metadata(
