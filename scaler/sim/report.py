@@ -26,7 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from scaler.sim.policies import KEDA_INFLIGHT, KEDA_INFLIGHT_BEST
+from scaler.sim.policies import (
+    KEDA_INFLIGHT,
+    KEDA_INFLIGHT_BEST,
+    KEDA_INFLIGHT_SHARE,
+    KEDA_INFLIGHT_SWEEP,
+)
 from scaler.sim.prewarm import COMPANION, FORECAST, PREWARM
 from scaler.sim.run import BenchResult, PolicyRun
 
@@ -202,8 +207,9 @@ def table(result: BenchResult) -> str:
     if names & {KEDA_INFLIGHT, KEDA_INFLIGHT_BEST}:
         lines.append(
             "keda-inflight-*: KEDA's Prometheus scaler on running + waiting, AverageValue, min 1, "
-            f"HPA defaults; {KEDA_INFLIGHT} at 70% of a replica's slots per replica, "
-            f"{KEDA_INFLIGHT_BEST} the best of 50-100% picked after the runs (see its check line)"
+            f"HPA defaults; {KEDA_INFLIGHT} at {KEDA_INFLIGHT_SHARE:.0%} of a replica's slots "
+            f"per replica, {KEDA_INFLIGHT_BEST} the best of {100 * min(KEDA_INFLIGHT_SWEEP):.0f}-"
+            f"{max(KEDA_INFLIGHT_SWEEP):.0%} picked after the runs (see its check line)"
         )
     if any(m.name == PREWARM for m in measures):
         lines.append(
