@@ -423,6 +423,7 @@ class Engine:
         self._sleep = sleep
         self._workloads: dict[WorkloadKey, Workload] = {}
         self._refused: dict[WorkloadKey, Resolved] = {}  # oldest first (see `_refusal`)
+        self._refused_under: Config | None = None  # the config they were resolved under
         self._banks = ForecastBanks()  # workloads' forecasts, one vectorised update per bin
         self._closing = False  # watchers end; loops keep answering unary calls
         self._stopped = False  # loops end (cancelled, and each checks this before every tick)
@@ -443,7 +444,11 @@ class Engine:
         a ConfigMap edit that makes it fit starts one); nor does one past `max_workloads`. A
         refusal is remembered by the identity of trigger and config, as `Workload.resolved` is:
         KEDA re-sends a refused trigger on every poll, and resolving it again gives the same."""
-        resolved = resolved_for(trigger, self._store.current, self._refused.get(key))
+        config = self._store.current
+        if self._refused_under is not config:  # entries of an older one would keep it alive
+            self._refused.clear()
+            self._refused_under = config
+        resolved = resolved_for(trigger, config, self._refused.get(key))
         if isinstance(resolved[2], str):
             self._refused[key] = resolved
             if len(self._refused) > REFUSALS_KEPT:  # a client can invent names without end
