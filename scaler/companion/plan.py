@@ -196,8 +196,8 @@ def _plan_pool(
     state: CompanionState,
     now: float,
     stale_notes: list[str],
-) -> tuple[NodePoolPlan, float | None, float | None, float | None]:
-    """One pool's plan, its peak hold (None: none remembered), and the forecast and target GPUs
+) -> tuple[NodePoolPlan, float | None, tuple[float, float] | None]:
+    """One pool's plan, its peak hold (None: none remembered), and the (forecast, target) GPUs
     to remember (None: keep last pass's, because this pass's is partial)."""
     reasons: list[str] = []
     known = [w for w in workloads if w.demand is not None]
@@ -299,8 +299,8 @@ def _plan_pool(
         reasons=tuple(reasons),
         held=held,
     )
-    remembered = None if held else float(forecast_gpus)
-    return nodepool_plan, until, remembered, None if held else float(target_gpus)
+    remembered = None if held else (float(forecast_gpus), float(target_gpus))
+    return nodepool_plan, until, remembered
 
 
 def plan(
@@ -344,20 +344,19 @@ def plan(
     last_forecast: dict[str, float] = {}
     last_target: dict[str, float] = {}
     for pool in sorted(pools, key=lambda p: p.name):
-        pool_plan, until, forecast, target = _plan_pool(
+        pool_plan, until, remembered = _plan_pool(
             pool, by_pool.get(pool.name, []), config, state, now, notes.get(pool.name, [])
         )
         plans.append(pool_plan)
         if until is not None:
             peak_until[pool.name] = until
-        if forecast is not None:
-            last_forecast[pool.name] = forecast
-        elif pool.name in state.last_forecast_gpus:
-            last_forecast[pool.name] = state.last_forecast_gpus[pool.name]
-        if target is not None:
-            last_target[pool.name] = target
-        elif pool.name in state.last_target_gpus:
-            last_target[pool.name] = state.last_target_gpus[pool.name]
+        if remembered is not None:
+            last_forecast[pool.name], last_target[pool.name] = remembered
+        else:  # a partial pass: keep what the last full one saw
+            if pool.name in state.last_forecast_gpus:
+                last_forecast[pool.name] = state.last_forecast_gpus[pool.name]
+            if pool.name in state.last_target_gpus:
+                last_target[pool.name] = state.last_target_gpus[pool.name]
     placed = {p.workload for p in placements}
     next_state = CompanionState(
         peak_until=peak_until,
