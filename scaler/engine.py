@@ -673,27 +673,27 @@ class Engine:
     async def _evaluate(self, workload: Workload, at: float) -> None:
         stale = self._store.current.server.stale_target_s
         previous = workload.decision
-        timed_out = "the read timed out"  # a timeout's own text is empty: the fault says this
+        timeout: float | None = None  # set once the read is asked for
         try:
             spec = self._spec(workload)
             source = self._source_for(spec)
             timeout = max(self._store.current.server.evaluation_interval_s, spec.read_deadline_s)
-            kind = "synthetic" if spec.signal_source == "none" else spec.signal_source
-            timed_out = f"the {kind} read timed out after {timeout:g} s"
             # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives after
             # the read finished but before wait_for resumed (CPython gh-86296), and the loop
             # then never stops. asyncio.timeout awaits the read in this task: nothing is lost.
             async with asyncio.timeout(timeout):
                 signal = await source.read(spec, at)
         except Exception as exc:  # a source bug must not cost the last good target
+            why = str(exc) or repr(exc)
+            if isinstance(exc, TimeoutError) and not str(exc):  # its own text is empty
+                why = "the read timed out"
+                if timeout is not None:  # said only when it happens, not at every tick
+                    kind = "synthetic" if spec.signal_source == "none" else spec.signal_source
+                    why = f"the {kind} read timed out after {timeout:g} s"
             problem = (
                 exc
                 if isinstance(exc, NoDecisionError)
-                else NoDecisionError(
-                    Fault.UNAVAILABLE,
-                    f"{workload.trigger.workload}: "
-                    + (str(exc) or (timed_out if isinstance(exc, TimeoutError) else repr(exc))),
-                )
+                else NoDecisionError(Fault.UNAVAILABLE, f"{workload.trigger.workload}: {why}")
             )
             decision = workload.hold(at, stale, (problem.message,))
             bug = not isinstance(exc, (NoDecisionError, SourceError, TimeoutError))
