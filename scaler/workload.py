@@ -70,21 +70,12 @@ class WorkloadSpec:
         return self.scrape_timeout_s + 5.0  # plus an EndpointSlice list on a cold cache
 
 
-def _scale_down_window(
-    merged: dict[str, Any],
-    horizon: float,
-    config: Config,
-    profile: dict[str, Any],
-    trigger: TriggerSpec,
-) -> float:
-    """scaleDownStabilizationSeconds as given anywhere (defaults, profile, trigger), else its
-    default but at least the horizon: a replica released in a gap shorter than a cold start
-    is back only after the load that returns has waited for it."""
-    key = "scaleDownStabilizationSeconds"
-    window = float(merged[key])
-    if key in config.defaults or key in profile or key in trigger.tuning():
-        return window
-    return max(window, horizon)
+def _scale_down_window(merged: dict[str, Any], given: set[str], horizon: float) -> float:
+    """scaleDownStabilizationSeconds as given anywhere (`given`: the keys of the defaults, the
+    profile and the trigger), else its default but at least the horizon: a replica released in a
+    gap shorter than a cold start is back only after the load that returns has waited for it."""
+    window = float(merged["scaleDownStabilizationSeconds"])
+    return window if "scaleDownStabilizationSeconds" in given else max(window, horizon)
 
 
 def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
@@ -102,9 +93,10 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
                 )
             )
     merged = {key: BY_KEY[key].default for key in TUNING_KEYS}
-    merged.update(config.defaults)
-    merged.update(profile)
-    merged.update(trigger.tuning())
+    given: set[str] = set()  # the keys set by the defaults, the profile or the trigger
+    for layer in (config.defaults, profile, trigger.tuning()):
+        merged.update(layer)
+        given.update(layer)
     problems += check_bounds(merged, "")
     source = _signal_source(trigger, merged, problems)
     if problems:
@@ -131,7 +123,7 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
         forecast=merged["forecast"] == "on",
         forecast_step_s=merged["forecastStepSeconds"],
         season_period_s=merged["seasonPeriodSeconds"] or None,
-        scale_down_stabilization_s=_scale_down_window(merged, horizon, config, profile, trigger),
+        scale_down_stabilization_s=_scale_down_window(merged, given, horizon),
         scale_down_max_percent=merged["scaleDownMaxPercent"],
         panic_threshold=merged["panicThreshold"],
         scale_to_zero_idle_s=merged["scaleToZeroIdleSeconds"],
