@@ -654,8 +654,9 @@ FIELDS: tuple[Field, ...] = (
         2.0,
         "a number from 1.1 to 100",
         "Panic when the need reaches this multiple of the replicas already asked for (or, with "
-        "forecast on, exceeds the q90 forecast by a replica): the target covers the need grown "
-        "at its recent rate over the horizon (at most doubled) and does not fall for 60 s.",
+        "forecast on, exceeds the q90 forecast by more than a replica): the target is the need "
+        "at face value, and does not fall below the highest target since panic began until 60 s "
+        "after demand last outran the ask.",
     ),
     Field(
         "scaleToZeroIdleSeconds",
