@@ -15,6 +15,7 @@ import pytest
 from scaler import cli
 from scaler.bench import forecast
 from scaler.bench.forecast import evaluate, parse_horizons, parse_models
+from scaler.forecast import Model, MovingAverage, Naive, SeasonalNaive
 
 TRACES = Path(__file__).resolve().parent.parent / "bench" / "traces"
 TOP_KEYS = {"trace", "bin_s", "results"}
@@ -198,6 +199,37 @@ def test_ramp_is_forecast_exactly_by_the_empirical_bound() -> None:
         assert rows[h_s].pinball_q90 == 0.0
         assert rows[h_s].coverage_q90 == 1.0
         assert rows[h_s].mase == pytest.approx(steps)
+
+
+def test_the_baselines_are_the_products_own_models() -> None:
+    """naive, moving_average and seasonal_naive score `scaler.forecast.models` themselves, gaps
+    handled as the scaler handles them (the moving average over the last 6 observations, not 6
+    bins; a seasonal gap keeps the season before): each row's MASE is that of the product's model
+    walked over the same origins."""
+    rng = np.random.default_rng(4)
+    y = 500 + 100 * np.sin(2 * np.pi * np.arange(400) / 144) + rng.normal(0, 5, 400)
+    y[200:208] = np.nan  # longer than the moving average's window
+    y[300:303] = np.nan  # one season after some of the gap: seasonal naive reaches back past it
+    models = ["naive", "moving_average", "seasonal_naive"]
+    result = evaluate(y, 600.0, models=models, horizons_s=[600.0, 1200.0, 1800.0])
+    scale = np.nanmean(np.abs(np.diff(y)))
+    first = result.first_origin
+    products: list[Model] = [Naive(1), MovingAverage(1), SeasonalNaive(1, period=144)]
+    for product in products:
+        rows = {row.horizon_s: row for row in result.rows if row.model == product.name}
+        assert sorted(rows) == [600.0, 1200.0, 1800.0]
+        points = []
+        for t, value in enumerate(y[:-1]):
+            product.update([value])
+            if t >= first:
+                points.append(product.predict(3)[0])
+        forecasts = np.array(points)
+        for h in (1, 2, 3):
+            usable = forecasts.shape[0] - h
+            actual = y[first + h : first + h + usable]
+            scored = (np.arange(usable) >= forecast.MIN_ERRORS + h - 1) & np.isfinite(actual)
+            error = np.abs(actual - forecasts[:usable, h - 1])[scored]
+            assert rows[h * 600.0].mase == pytest.approx(error.mean() / scale, rel=1e-9)
 
 
 def test_no_future_leaks_into_the_walk() -> None:

@@ -43,10 +43,11 @@ Method (``scaler bench forecast --trace FILE``):
   for all rows (one update + predict), timed over the last :data:`BATCH_UPDATES` bins.
 * **Models.** ``scaler``: :class:`scaler.forecast.ScalerForecaster` with ``period`` = one season
   when the trace is long enough, built for the horizon it is scored at (it selects its model by the
-  pinball loss at that step, as it would be deployed), so one instance per horizon. ``naive``: last
-  observed value. ``moving_average``: mean of the last :data:`MOVING_AVERAGE_BINS` bins.
-  ``seasonal_naive``: the value one season (``season_s``, default one day) earlier, only when the
-  trace spans at least two seasons, else skipped with a note.
+  pinball loss at that step, as it would be deployed), so one instance per horizon. ``naive``,
+  ``moving_average`` and ``seasonal_naive`` are the product's own models
+  (:mod:`scaler.forecast.models`, the scaler's candidates, with their defaults): the last observed
+  value; the mean of the last 6 observations; the value one season (``season_s``, default one
+  day) earlier, only when the trace spans at least two seasons, else skipped with a note.
   ``autoets`` / ``autoarima``: statsforecast's AutoETS / AutoARIMA (the optional ``bench`` extra,
   imported lazily; skipped with a note when missing), non-seasonal (a daily season is 144 windows:
   ETS accepts at most 24 and seasonal ARIMA at that length is far too slow). They are refit every
@@ -57,18 +58,17 @@ Method (``scaler bench forecast --trace FILE``):
   (``forward``). Gaps are filled with the last value for them. One untimed fit on a toy series
   before the walk keeps one-off import and compile costs out of the measurement.
 
-Gaps: models see NaN for a gap and carry their last value; a forecast that is NaN anyway is left
-out of that model's scores.
+Gaps: models see NaN for a gap and handle it as the scaler does (a model skips the bin; seasonal
+naive keeps the value of the season before); a forecast that is NaN anyway is left out of that
+model's scores.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -76,6 +76,9 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from scaler.forecast import MovingAverage, Naive, ScalerForecaster, SeasonalNaive
+from scaler.forecast.models import Model
+from scaler.forecast_bank import ForecastBank
 from scaler.traces import Trace, binned, default_bin_s
 
 __all__ = [
@@ -98,7 +101,6 @@ QUANTILE = 0.9
 WARMUP_BINS = 24
 MIN_ERRORS = 20
 ERROR_WINDOW = 200
-MOVING_AVERAGE_BINS = 6
 REFIT_EVERY = 12
 MAX_ORIGINS = 576
 BATCH_SERIES = 1000
@@ -249,68 +251,27 @@ class _Model(Protocol):
         ...
 
 
-class _Naive:
-    name = "naive"
+class _Baseline:
+    """One of the product's point forecasters (`scaler.forecast.models`) on one series: the
+    baselines scored are the very models the scaler's forecaster runs as candidates, with no
+    bound of their own (they get the empirical one, :func:`_score`)."""
 
-    def __init__(self) -> None:
-        self.last = math.nan
-
-    def update(self, value: float) -> None:
-        if math.isfinite(value):
-            self.last = value
-
-    def predict(self, h: int) -> tuple[FloatArray, FloatArray | None]:
-        return np.full(h, self.last), None
-
-
-class _MovingAverage:
-    name = "moving_average"
-
-    def __init__(self, window: int) -> None:
-        self.values: deque[float] = deque(maxlen=window)
-        self.mean = math.nan
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.name = model.name
 
     def update(self, value: float) -> None:
-        self.values.append(value)
-        known = [v for v in self.values if math.isfinite(v)]
-        if known:
-            self.mean = sum(known) / len(known)
+        self.model.update(np.array([value], dtype=np.float64))
 
     def predict(self, h: int) -> tuple[FloatArray, FloatArray | None]:
-        return np.full(h, self.mean), None
-
-
-class _SeasonalNaive:
-    name = "seasonal_naive"
-
-    def __init__(self, period: int) -> None:
-        self.period = period
-        self.history: deque[float] = deque(maxlen=period)
-        self.last = math.nan
-
-    def update(self, value: float) -> None:
-        self.history.append(value)
-        if math.isfinite(value):
-            self.last = value
-
-    def predict(self, h: int) -> tuple[FloatArray, FloatArray | None]:
-        if len(self.history) < self.period:
-            return np.full(h, self.last), None
-        season = np.asarray(self.history, dtype=np.float64)  # season[0] = y[t - period + 1]
-        point = season[np.arange(h) % self.period]
-        point[~np.isfinite(point)] = self.last  # a gap one season ago: carry the last value
-        return point, None
+        return self.model.predict(h)[0], None
 
 
 class _Scaler:
     name = "scaler"
 
-    def __init__(self, module: Any, period: int | None, horizon: int) -> None:
-        cls = module.ScalerForecaster
-        params: dict[str, Any] = {"n_series": 1, "period": period}
-        if "horizon" in inspect.signature(cls).parameters:
-            params["horizon"] = horizon
-        self.forecaster = cls(**params)
+    def __init__(self, period: int | None, horizon: int) -> None:
+        self.forecaster = ScalerForecaster(n_series=1, period=period, horizon=horizon)
 
     def update(self, value: float) -> None:
         self.forecaster.update(np.array([value], dtype=np.float64))
@@ -604,8 +565,6 @@ def _bank_cpu(model: _Scaler, series: FloatArray, bin_s: float) -> float:
     one for every row (one update + predict) and each row's outlook is read. The last
     :data:`BATCH_UPDATES` bins are timed after the ones before them (at most 3x as many); the
     median of :data:`BATCH_REPEATS` fresh banks on the same bins."""
-    from scaler.forecast_bank import ForecastBank  # lazily, as scaler.forecast in _build_runs
-
     forecaster = model.forecaster
     factors = np.linspace(0.5, 2.0, BATCH_SERIES)
     tail = series[-min(series.size, 4 * BATCH_UPDATES) :]
@@ -648,19 +607,14 @@ def _build_runs(
     statsforecast_checked = False
     for name in names:
         if name == "scaler":
-            try:
-                module = importlib.import_module("scaler.forecast")
-            except ImportError as exc:
-                notes.append(f"scaler skipped: scaler.forecast is not importable ({exc})")
-                continue
-            runs += [(_Scaler(module, period, h), [h]) for h in steps]
+            runs += [(_Scaler(period, h), [h]) for h in steps]
         elif name == "naive":
-            runs.append((_Naive(), list(steps)))
+            runs.append((_Baseline(Naive(1)), list(steps)))
         elif name == "moving_average":
-            runs.append((_MovingAverage(MOVING_AVERAGE_BINS), list(steps)))
+            runs.append((_Baseline(MovingAverage(1)), list(steps)))
         elif name == "seasonal_naive":
             if period is not None:
-                runs.append((_SeasonalNaive(period), list(steps)))
+                runs.append((_Baseline(SeasonalNaive(1, period)), list(steps)))
         elif name in ("autoets", "autoarima"):
             if not statsforecast_checked:
                 statsforecast_checked = True
