@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
 from scaler.engine import Engine
+from scaler.sources import batching
 from scaler.sources import prometheus as prometheus_source
 from scaler.trigger import TriggerCache
 
@@ -126,18 +127,18 @@ def main() -> None:
     pods = [serve_text((SAMPLES / name).read_bytes()) for name in PODS]
     targets = [f"127.0.0.1:{pod.server_address[1]}" for pod in pods]
     counting_reads()
-    shipped = prometheus_source.BATCH_MAX_READS
+    shipped = batching.BATCH_MAX_READS
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-prometheus-engine-") as tmp:
         proc, url = start_prometheus(targets, Path(tmp), args.prometheus)
         try:
             for name, batch_max in (("batched", shipped), ("alone", 1)):
-                prometheus_source.BATCH_MAX_READS = batch_max
+                batching.BATCH_MAX_READS = batch_max
                 results[name] = asyncio.run(
                     run(url, proc.pid, args.workloads, args.seconds, args.settle)
                 )
         finally:
-            prometheus_source.BATCH_MAX_READS = shipped
+            batching.BATCH_MAX_READS = shipped
             proc.terminate()
             proc.wait(timeout=15)
     for pod in pods:

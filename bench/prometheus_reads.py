@@ -8,7 +8,7 @@ queryIntervalSeconds (5 s) per workload: for vLLM, 11 signals and the sample age
 request per query, 1,000 workloads are ~2,400 requests a second, each paying requests and JSON in
 this process. `PrometheusSource` combines a read's queries into one or two requests
 (`combined_query`), and the reads of workloads that tick together into one request between them
-(`PrometheusSource._join`; the engine ticks ~20 workloads together at 1,000 workloads, one
+(`scaler.sources.batching`; the engine ticks ~20 workloads together at 1,000 workloads, one
 phase slot of 50). This bench starts a real Prometheus (Debian's `prometheus`, on 127.0.0.1 with
 a free port and a temporary TSDB) scraping two pods' worth of real vLLM /metrics text (served
 here on loopback from tests/data/metrics-samples), then reads `--workloads` workloads' signals

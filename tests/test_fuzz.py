@@ -54,7 +54,8 @@ from scaler.fields import BY_KEY, SERVER_KEYS, TRIGGER_KEYS, Range
 from scaler.signals import Signal
 from scaler.sources import SourceError
 from scaler.sources.catalog import SIGNAL_FIELDS
-from scaler.sources.prometheus import PrometheusSource, _value
+from scaler.sources.prometheus import PrometheusSource
+from scaler.sources.promql import instant_value
 from scaler.sources.scrape import ScrapeSource
 from scaler.trigger import TriggerError, parse_trigger
 from scaler.workload import ResolveError, WorkloadSpec, resolve
@@ -919,7 +920,7 @@ class Answers(requests.adapters.BaseAdapter):
 
 
 def test_one_query_answer_is_a_value_no_data_or_an_error() -> None:
-    """`_instant` and `_value`, the one place an instant-query answer becomes a number."""
+    """`_instant` and `instant_value`, the one place an instant-query answer becomes a number."""
     source = PrometheusSource("http://prometheus.invalid:9090")
     answers = Answers()
     source._client._session.mount(source.url, answers)  # replaces its retrying HTTPAdapter
@@ -927,7 +928,7 @@ def test_one_query_answer_is_a_value_no_data_or_an_error() -> None:
     async def query() -> float | Exception:
         try:
             async with asyncio.timeout(10):
-                return _value(await source._instant("sum(q)", 2.0))
+                return instant_value(await source._instant("sum(q)", 2.0))
         except (LookupError, ValueError, ConnectionError) as exc:
             return exc
 

@@ -28,7 +28,7 @@ import pytest
 
 from scaler.config import Config
 from scaler.signals import Signal
-from scaler.sources import SourceError
+from scaler.sources import SourceError, promql
 from scaler.sources import prometheus as prometheus_module
 from scaler.sources import scrape as scrape_module
 from scaler.sources.prometheus import PrometheusSource
@@ -386,7 +386,7 @@ async def prometheus_once(server: HostileServer, timeout_s: str = "2") -> Outcom
 
 def queries_of_a_read() -> int:
     """The queries of one vLLM read, with its sample-age query."""
-    _, exprs = prometheus_module._plan(vllm_spec(serverAddress="http://x:9090"))
+    _, exprs = promql.plan(vllm_spec(serverAddress="http://x:9090"))
     return len(exprs) + 1
 
 

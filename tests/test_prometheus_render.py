@@ -19,14 +19,13 @@ from urllib.parse import quote_plus
 import pytest
 
 from scaler.config import Config
-from scaler.sources import SourceError
-from scaler.sources import prometheus as prometheus_source
+from scaler.sources import SourceError, batching
+from scaler.sources.batching import BATCH_MAX_QUERY_CHARS
 from scaler.sources.catalog import CATALOGS, SIGNAL_FIELDS, signal_exprs
-from scaler.sources.prometheus import (
-    BATCH_MAX_QUERY_CHARS,
+from scaler.sources.prometheus import PrometheusSource
+from scaler.sources.promql import (
     FIELD_LABEL,
     MAX_QUERY_URL_CHARS,
-    PrometheusSource,
     combined_groups,
     combined_query,
     matchers_for,
@@ -624,7 +623,7 @@ async def read_together(source: PrometheusSource, specs: list[WorkloadSpec], at:
 @pytest.fixture
 def one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches bounded by BATCH_MAX_READS only, so a test's few workloads make one."""
-    monkeypatch.setattr(prometheus_source, "BATCH_MAX_QUERY_CHARS", 10**9)
+    monkeypatch.setattr(batching, "BATCH_MAX_QUERY_CHARS", 10**9)
 
 
 def assert_own_values(signals: list[Any]) -> None:

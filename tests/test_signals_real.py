@@ -20,7 +20,7 @@ from scaler._proto import externalscaler_pb2 as pb
 from scaler.config import Config, ServerSettings
 from scaler.httpclient import async_client
 from scaler.policy import Decision
-from scaler.sources import prometheus as prometheus_source
+from scaler.sources import batching
 from scaler.sources.catalog import SIGNAL_FIELDS
 from scaler.sources.prometheus import PrometheusSource
 from scaler.trigger import parse_trigger
@@ -323,7 +323,7 @@ async def test_workloads_reading_together_ask_a_real_prometheus_once(start_prome
     """Reads of several workloads that start together (a phase slot's ticks) go to Prometheus as
     one POSTed request (here: the batch's size budget lifted; tests/test_prometheus_render.py
     tests it), and give each workload the values its read alone gives."""
-    monkeypatch.setattr(prometheus_source, "BATCH_MAX_QUERY_CHARS", 10**9)
+    monkeypatch.setattr(batching, "BATCH_MAX_QUERY_CHARS", 10**9)
     with MetricsEndpoint(VLLM) as pod0, MetricsEndpoint(VLLM_KV) as pod1:
         prom = await scraping_both(start_prometheus, pod0, pod1)
         await asyncio.sleep(2.5)  # every pod scraped twice more: rates for both ways

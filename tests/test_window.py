@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from scaler.config import Config
 from scaler.sources.catalog import CATALOGS, Gauge, Quantile, Rate, signal_exprs
 from scaler.sources.exposition import LabelSet, Scrape, parse
-from scaler.sources.prometheus import matchers_for
+from scaler.sources.promql import matchers_for
 from scaler.sources.window import Result, Window, histogram_quantile
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec, resolve

@@ -24,7 +24,7 @@ from scaler.sources import SourceError
 from scaler.sources.catalog import CATALOGS, families, signal_exprs
 from scaler.sources.discovery import EndpointSliceDiscovery
 from scaler.sources.exposition import Scrape, parse
-from scaler.sources.prometheus import matchers_for
+from scaler.sources.promql import matchers_for
 from scaler.sources.window import Window
 from scaler.workload import WorkloadSpec
 
