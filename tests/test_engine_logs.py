@@ -13,10 +13,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from scaler import decider as decider_module
-from scaler import engine as engine_module
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
 from scaler.engine import Engine
+from scaler.engine import engine as engine_module
 from scaler.logs import JsonFormatter
 from scaler.policy import Decision, decide
 from scaler.signals import Signal

@@ -53,7 +53,7 @@ from scaler.sources import Source, SourceError, Sources
 from scaler.trigger import TriggerSpec
 from scaler.workload import ResolveError, WorkloadSpec, resolve
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # "scaler.engine" for every module of the package
 T = TypeVar("T")
 
 HISTORY_MAX_POINTS = 2400  # per range query; Prometheus allows 11,000

@@ -1,0 +1,41 @@
+"""The engine: one background loop per workload, and the decision cache every RPC reads."""
+
+from scaler.engine.engine import (
+    PHASE_SLOTS,
+    PHASE_SPREAD,
+    SOURCE_FAILURE_LOG_EVERY_S,
+    WARM_STARTS_AT_ONCE,
+    Engine,
+    Fault,
+    NoDecisionError,
+    Segment,
+    Turnstile,
+    Workload,
+    history_segments,
+    key_fraction,
+    next_tick,
+    phase_of,
+    read_history,
+    tick_after,
+    tick_at_or_before,
+)
+
+__all__ = [
+    "PHASE_SLOTS",
+    "PHASE_SPREAD",
+    "SOURCE_FAILURE_LOG_EVERY_S",
+    "WARM_STARTS_AT_ONCE",
+    "Engine",
+    "Fault",
+    "NoDecisionError",
+    "Segment",
+    "Turnstile",
+    "Workload",
+    "history_segments",
+    "key_fraction",
+    "next_tick",
+    "phase_of",
+    "read_history",
+    "tick_after",
+    "tick_at_or_before",
+]
