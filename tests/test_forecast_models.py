@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from scaler.forecast import (
-    ErrorQuantiles,
     HoltDamped,
     MovingAverage,
     Naive,
@@ -170,37 +169,6 @@ def test_seasonal_naive_uses_value_one_period_back() -> None:
     early = SeasonalNaive(1, period=4).fit(ys[:, :2])
     assert np.array_equal(early.predict(4), [[2.0, 2.0, 1.0, 2.0]])
     assert not early.ready.any()
-
-
-def test_error_quantiles_known_errors() -> None:
-    """A forecast of 0 against actuals 1..100: the errors are the actuals themselves."""
-    horizon = 2
-    errors = ErrorQuantiles(1, horizon, window=50, quantiles=(0.1, 0.9), min_errors=10)
-    for y in np.arange(1.0, 101.0):
-        errors.update(np.array([y]), np.zeros((1, horizon)))
-    # The last 50 errors at each step: 51..100 (step 1) and 51..100 (step 2), linear quantiles.
-    expected = np.quantile(np.arange(51.0, 101.0), 0.9)
-    assert errors.quantile(0.9) == pytest.approx(np.full((1, horizon), expected))
-    assert errors.quantile(0.9, step=2) == pytest.approx([expected])
-    point = np.full((1, horizon), 5.0)
-    assert errors.upper(point, 0.9) == pytest.approx(point + expected)
-    assert np.array_equal(errors.lower(point, 0.1), point)  # errors all > 0: lower = point
-    with pytest.raises(ValueError, match="not configured"):
-        errors.quantile(0.5)
-
-
-def test_error_quantiles_fallback_and_missing() -> None:
-    errors = ErrorQuantiles(2, 3, window=20, quantiles=(0.1, 0.9), min_errors=10)
-    for y in [10.0, 14.0, np.nan, 10.0, 14.0]:
-        errors.update(np.array([y, np.nan]), np.full((2, 3), 12.0))
-    counts = errors.counts
-    assert counts[0].tolist() == [3, 2, 2] and counts[1].tolist() == [0, 0, 0]
-    # Too few errors: scale-based (mean absolute change 4, growing like sqrt(k)), never absent.
-    offsets = errors.quantile(0.9)
-    assert np.all(offsets[0] > 0) and np.all(np.diff(offsets[0]) > 0)
-    assert np.array_equal(offsets[1], np.zeros(3))  # nothing seen: no scale yet
-    upper = errors.upper(np.full((2, 3), 12.0), 0.9)
-    assert np.all(upper[0] > 12.0)
 
 
 def test_pinball_loss() -> None:

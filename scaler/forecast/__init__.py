@@ -13,8 +13,6 @@ the demand over that horizon and, above all, a high bound on it. The pieces:
   with that bound calibrated on its own hit rate. Pinball loss scores exactly the quantile the
   scaler scales on (not the mean), so the choice optimises what the policy consumes. Error
   quantiles are learnt online (O(1) per expert, series and step; no windows to sort).
-- `intervals.ErrorQuantiles`: windowed empirical error quantiles per series and step (exact, but
-  a sort per query; kept for callers that want them, the forecaster no longer uses them).
 
 Everything is vectorised across series: one update is a fixed number of numpy operations on
 arrays of shape (experts, steps, N), never a Python loop over series, so 1,000 workloads update in
@@ -26,7 +24,6 @@ on one forecaster, a row each (`scaler.forecast_bank`), using the row operations
 forecast.
 """
 
-from scaler.forecast.intervals import ErrorQuantiles
 from scaler.forecast.models import (
     HoltDamped,
     Model,
@@ -39,7 +36,6 @@ from scaler.forecast.models import (
 from scaler.forecast.select import ForecastResult, ScalerForecaster, pinball_loss
 
 __all__ = [
-    "ErrorQuantiles",
     "ForecastResult",
     "HoltDamped",
     "Model",
