@@ -64,23 +64,48 @@ BUILD_INFO.labels(version=version(), python=platform.python_version()).set(1)
 
 LABELS = ["namespace", "scaledobject", "metric"]
 
-# What the scaler saw, next to what it decided: signal field -> (metric name, help).
+# What the scaler saw, next to what it decided: signal field -> (metric name, help). Each help says
+# how the catalog (`scaler.sources.catalog`) makes the value from the pods' metrics.
 SIGNAL_METRICS = {
-    "waiting": ("signal_waiting_requests", "Requests queued at the servers"),
-    "running": ("signal_running_requests", "Requests being served"),
-    "arrival_rate": ("signal_arrival_rate_requests_per_second", "Arrival rate"),
-    "queue_time_mean_s": ("signal_queue_time_mean_seconds", "Mean time in the queue"),
-    "queue_time_p99_s": ("signal_queue_time_p99_seconds", "p99 time in the queue"),
-    "ttft_p99_s": ("signal_ttft_p99_seconds", "p99 time to first token"),
-    "kv_cache_usage": ("signal_kv_cache_usage_ratio", "KV-cache usage of the fullest pod, 0-1"),
-    "ready_pods": ("signal_ready_pods", "Serving pods that reported"),
-    "service_time_s": ("signal_service_time_seconds", "Mean time a request holds a slot"),
-    "prompt_tokens_rate": ("signal_prompt_tokens_per_second", "Prompt tokens prefilled per second"),
+    "waiting": (
+        "signal_waiting_requests",
+        "Requests waiting in the servers' queues, summed over pods",
+    ),
+    "running": (
+        "signal_running_requests",
+        "Requests being served, summed over pods (Triton: compute time per second, Little's law)",
+    ),
+    "arrival_rate": (
+        "signal_arrival_rate_requests_per_second",
+        "Requests arriving per second, summed over pods (vLLM: completions + growth in flight)",
+    ),
+    "queue_time_mean_s": (
+        "signal_queue_time_mean_seconds",
+        "Mean time a request waited in the queue over the rate window, all pods",
+    ),
+    "queue_time_p99_s": (
+        "signal_queue_time_p99_seconds",
+        "p99 time in the queue over the rate window, all pods (Triton: the worst pod's summary)",
+    ),
+    "ttft_p99_s": (
+        "signal_ttft_p99_seconds",
+        "p99 time to first token over the rate window, all pods",
+    ),
+    "kv_cache_usage": ("signal_kv_cache_usage_ratio", "Mean KV-cache usage over pods, 0-1"),
+    "ready_pods": ("signal_ready_pods", "Pods that report the queue gauge: the ready servers"),
+    "service_time_s": (
+        "signal_service_time_seconds",
+        "Mean time a request holds a slot over the rate window (vLLM: prefill + decode)",
+    ),
+    "prompt_tokens_rate": (
+        "signal_prompt_tokens_per_second",
+        "Prompt tokens prefilled per second, summed over pods",
+    ),
     "generation_tokens_rate": (
         "signal_generation_tokens_per_second",
-        "Tokens generated per second",
+        "Tokens generated per second, summed over pods",
     ),
-    "age_s": ("signal_age_seconds", "Age of the newest sample when read"),
+    "age_s": ("signal_age_seconds", "Age of the newest underlying sample when read"),
 }
 
 
