@@ -554,7 +554,7 @@ FIELDS: tuple[Field, ...] = (
         real(0, 1, lo_open=True),
         0.9,
         "a number > 0 and <= 1",
-        "KV-cache usage per pod to stay under; above it the need is raised in proportion "
+        "The pods' mean KV-cache usage to stay under; above it the need is raised in proportion "
         "(memory-bound pods preempt before they reach targetConcurrency).",
     ),
     Field(

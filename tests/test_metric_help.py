@@ -59,3 +59,9 @@ def test_the_panic_help_says_what_the_policy_does() -> None:
 
 def test_the_scale_down_help_names_the_policy_period() -> None:
     assert f"per {SCALE_DOWN_PERIOD_S:g} s" in fields.BY_KEY["scaleDownMaxPercent"].doc
+
+
+def test_the_kv_cache_target_help_names_the_mean_the_catalog_reads() -> None:
+    kv = CATALOGS["vllm"].signals["kv_cache_usage"]
+    assert isinstance(kv, Gauge) and kv.agg == "avg"
+    assert "pods' mean KV-cache usage" in fields.BY_KEY["kvCacheTarget"].doc
