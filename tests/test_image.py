@@ -65,7 +65,7 @@ LEFT_OUT = (
 # The only shipped code that may name a left-out module: the commands that need the pip install
 # (`scaler bench ...`, `scaler demo`), which import them when they run.
 NEEDS_PIP_INSTALL = {
-    "scaler/cli.py": ("scaler.bench", "scaler.sim", "scaler.traces"),
+    "scaler/cli/bench.py": ("scaler.bench", "scaler.sim", "scaler.traces"),
     "scaler/demo.py": ("scaler.sim",),
 }
 # Subcommands the image serves, run once from the wheel (`--help` builds their parsers).
