@@ -23,7 +23,7 @@ trap 'rm -f "$tmp"' EXIT
   echo "change; **cover**: share of actuals at or below the upper bound (nominal 0.90); **cpu**:"
   echo "process CPU per update + predict, mean over horizons. The scaler brings its own bound; the"
   echo "other models get point + the 0.9 quantile of their own past errors at that horizon."
-  echo "**Counted horizon** (the forecast issue's goal: scaler pinball no worse than autoets): 120 s"
+  echo "**Counted horizon** (the goal: scaler pinball no worse than autoets): 120 s"
   echo "for the 10 s-bin request traces; for the 600 s-bin ServeGen rate files the first horizon,"
   echo "1 window (10m). autoets/autoarima CPU is amortised over refits every 12 origins with only"
   echo "\`forward\` in between, which is generous to them; the scaler learns at every update. Under"

@@ -1,8 +1,8 @@
 """The regexes of label matchers (`labelSelector`'s `=~` and `!~`), compiled by RE2.
 
 RE2 matches in time linear in the value whatever the pattern, where Python's `re` backtracks
-(`(a|aa)*c` against a 30-character label value: a tenth of a second, x2.6 per two characters
-more, on the event loop of every direct-scrape read). It is also the syntax Prometheus itself
+(`(a|aa)*c` takes time exponential in the label value's length, on the event loop of every
+direct-scrape read). It is also the syntax Prometheus itself
 matches with (Go's regexp is RE2's), so a selector means the same by direct scrape and through
 Prometheus; a pattern RE2 refuses (a lookaround, a backreference) is refused when the trigger
 is parsed, naming `labelSelector`.

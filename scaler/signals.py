@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 class Signal(NamedTuple):
     """One sample. A NamedTuple, not a frozen dataclass: sources build one per read and a warm
-    start one per replayed tick, and a frozen dataclass's __init__ costs ~3x as much."""
+    start one per replayed tick, and a frozen dataclass's __init__ costs several times as much."""
 
     at: float  # wall-clock time the sample describes (epoch seconds)
     source: str  # e.g. "synthetic", "prometheus", "scrape"

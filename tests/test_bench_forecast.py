@@ -306,4 +306,4 @@ def test_the_scaler_rows_carry_a_coverage_interval_in_the_text_only() -> None:
     low, high = scaler_row.coverage_ci95
     assert low <= scaler_row.coverage_q90 <= high
     assert any("95% interval" in note and f"{low:.2f}" in note for note in result.notes)
-    assert "coverage_ci95" not in json.dumps(result.to_json())  # --json keeps the keys
+    assert "coverage_ci95" not in json.dumps(result.to_json())  # --json keeps its documented keys

@@ -11,8 +11,8 @@ Method (``scaler bench forecast --trace FILE``):
   warm-up of ``warmup_bins`` bins (at least one season when a season applies); bins before the walk
   are fed untimed. Default ``max_origins`` = :data:`MAX_ORIGINS` (576: every origin of the one-hour
   request traces, the last 4 of the 14 days of the ServeGen language traces) keeps one trace,
-  AutoARIMA included, under ~80 s of CPU on the shipped traces (the 14-day ServeGen ones are the
-  slowest: AutoARIMA fits there cost ~1 s each).
+  AutoARIMA included, to about a minute of CPU on the shipped traces (the 14-day ServeGen ones,
+  whose AutoARIMA fits are the slowest, longest; run times in bench/results/forecast.md).
 * **Horizons.** A horizon of ``H`` bins is scored on the ``H``-step-ahead value: the forecast made
   at ``t`` for ``t+H`` against ``y[t+H]``, the demand when a replica started at ``t`` is ready.
   Defaults 30, 60, 120 and 300 s for request traces; 1, 2 and 3 windows for rate traces. Targets
@@ -51,7 +51,7 @@ Method (``scaler bench forecast --trace FILE``):
   ``autoets`` / ``autoarima``: statsforecast's AutoETS / AutoARIMA (the optional ``bench`` extra,
   imported lazily; skipped with a note when missing), non-seasonal (a daily season is 144 windows:
   ETS accepts at most 24 and seasonal ARIMA at that length is far too slow). They are refit every
-  ``refit_every`` origins (default :data:`REFIT_EVERY`; an AutoARIMA fit costs 0.2-2 s of CPU here)
+  ``refit_every`` origins (default :data:`REFIT_EVERY`; AutoARIMA's fits are the walk's main cost)
   on the last :data:`FIT_WINDOW` bins of ``y[0..t]`` (360: the whole of a one-hour request trace at
   10 s, 2.5 days of 600 s windows; longer fits cost AutoARIMA seconds each), and between refits
   re-applied with the fitted parameters to the same trailing window including the new bins
@@ -684,9 +684,9 @@ def coverage_interval(hits: BoolArray, h: int, level: float = 0.95) -> tuple[flo
     h-step forecast issued before a level shift misses for the h origins that straddle it; a
     regime lasts many bins), so a binomial interval would be far too narrow. Resampling blocks of
     L = max(h, n^(1/3)) consecutive origins keeps those runs whole (Kunsch 1989; the n^(1/3)
-    block length of Hall, Horowitz and Jing 1995). On ServeGen deepseek-r1 (144 windows) the
-    interval spans 12 points at one window ahead and 25 at three: a coverage 10 points off
-    nominal there cannot be told from nominal."""
+    block length of Hall, Horowitz and Jing 1995). On a rate trace of a few hundred windows the
+    interval spans tens of points (per trace: bench/results/forecast.md), so a coverage some
+    points off nominal there cannot be told from nominal."""
     n = hits.size
     block = min(n, max(h, math.ceil(n ** (1 / 3))))
     starts = n - block + 1

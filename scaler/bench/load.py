@@ -34,8 +34,8 @@ processes started here are stopped, by PID (SIGTERM, then SIGKILL after a bound)
 
 `--rounds N` runs each server N times, alternating the order (scaler, floor, floor, scaler, ...),
 and pools the calls: on a shared machine a server's p99 moves by tens of percent from one
-two-minute run to the next (the floor's steady p99 was seen between 4.4 and 7.2 ms), so a single
-pair of runs can land on either side of a 1.5x goal; each round's own ratio is printed too.
+two-minute run to the next, so a single pair of runs can land on either side of a 1.5x goal;
+each round's own ratio is printed too.
 
 `--profile FILE` runs the scaler server under cProfile (written when it stops) to see where a
 high p99 comes from.

@@ -15,10 +15,10 @@ the demand over that horizon and, above all, a high bound on it. The pieces:
   quantiles are learnt online (O(1) per expert, series and step; no windows to sort).
 
 Everything is vectorised across series: one update is a fixed number of numpy operations on
-arrays of shape (experts, steps, N), never a Python loop over series, so 1,000 workloads update in
-a few milliseconds (a few microseconds per series), and a missing value (NaN) only skips its
-series. A single series pays numpy's per-call overhead for the same operations (a few hundred
-microseconds per update on a small machine), so the engine puts every workload with the same bins
+arrays of shape (experts, steps, N), never a Python loop over series, so a thousand workloads cost
+little more than one, and a missing value (NaN) only skips its series. A single series pays
+numpy's per-call overhead for the same operations (`scaler bench forecast` prints both costs;
+bench/results/forecast.md), so the engine puts every workload with the same bins
 on one forecaster, a row each (`scaler.forecast_bank`), using the row operations `add_rows`,
 `reset_rows` and `copy_rows` (`_rows`) and the bin clock's `origin`, none of which changes a
 forecast.
