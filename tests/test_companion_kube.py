@@ -28,8 +28,11 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from scaler.companion import kube as companion_kube
-from scaler.companion.kube import LIVE_PHASES_SELECTOR, Kube, KubeSettings, micro_time, parse_time
+from scaler.companion.kube import client as kube_client
+from scaler.companion.kube.aggregate import LIVE_PHASES_SELECTOR
+from scaler.companion.kube.client import KubeSettings
+from scaler.companion.kube.cluster import Kube
+from scaler.companion.kube.lease import micro_time, parse_time
 from scaler.companion.model import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -371,7 +374,7 @@ async def cluster() -> AsyncIterator[Cluster]:
                 assert list(request.data["metadata"]) == ["annotations"]
                 [(key, value)] = request.data["metadata"]["annotations"].items()
                 assert key == DELETION_COST_ANNOTATION and str(int(value)) == value
-            # ...and every request is one kube.API_ACCESS lists (what rbac.yaml grants).
+            # ...and every request is one kube.client.API_ACCESS lists (what rbac.yaml grants).
             for request in found.requests():
                 assert allowed(request), (request.method, str(request.url))
         finally:
@@ -385,14 +388,14 @@ EVENT_NS = KubeSettings(namespace="", identity="").event_namespace
 
 
 def allowed(request: Any) -> bool:
-    """Whether kube.API_ACCESS covers a request the emulator saw: its (group, resource, verb) in
-    the scope the request needs, or a wider one (a ClusterRole covers every namespace)."""
+    """Whether kube.client.API_ACCESS covers a request the emulator saw: its (group, resource,
+    verb) in the scope the request needs, or a wider one (a ClusterRole covers every namespace)."""
     res = request.resource
     if res is None:
         return True  # not an API resource (never sent by the companion)
     method = request.method.value
     verb = ("get" if request.name else "list") if method == "GET" else VERBS[method]
-    k = companion_kube
+    k = kube_client
     if request.namespace == COMPANION_NS and res.plural == "leases" and request.name:
         scopes = {k.LEASE, k.NAMESPACE, k.CLUSTER}
     elif request.namespace == COMPANION_NS:

@@ -939,9 +939,9 @@ def test_companion_objects_live_in_the_scaler_namespace() -> None:
 
 
 def _companion_grants() -> set[tuple[str, str, str, str]]:
-    """What deploy/companion's RBAC grants the companion's ServiceAccount, as kube.API_ACCESS
+    """What deploy/companion's RBAC grants the companion's ServiceAccount, as kube.client.API_ACCESS
     spells it: (group, resource, verb, scope)."""
-    from scaler.companion.kube import CLUSTER, EVENTS, LEASE, NAMESPACE
+    from scaler.companion.kube.client import CLUSTER, EVENTS, LEASE, NAMESPACE
 
     args = _companion_args()
     account = _only("ServiceAccount", _companion_objects())["metadata"]
@@ -988,9 +988,10 @@ def _companion_grants() -> set[tuple[str, str, str, str]]:
 
 
 def test_companion_rbac_grants_exactly_what_it_uses() -> None:
-    """The rules grant exactly kube.API_ACCESS, the requests the companion's code sends (checked
-    against every request in tests/test_companion_kube.py): nothing more, nothing missing."""
-    from scaler.companion.kube import API_ACCESS
+    """The rules grant exactly kube.client.API_ACCESS, the requests the companion's code sends
+    (checked against every request in tests/test_companion_kube.py): nothing more, nothing
+    missing."""
+    from scaler.companion.kube.client import API_ACCESS
 
     grants = _companion_grants()
     assert sorted(grants - API_ACCESS) == [], "granted but never used"
@@ -1284,7 +1285,7 @@ def _admission_policy() -> tuple[dict[str, Any], dict[str, Any]]:
 def test_companion_admission_policy_covers_exactly_its_pod_patch_grant() -> None:
     """The policy matches what RBAC lets the companion do to pods beyond reading them (patch =
     UPDATE in admission), only for the companion's own ServiceAccount, and its binding denies."""
-    from scaler.companion.kube import API_ACCESS, CLUSTER
+    from scaler.companion.kube.client import API_ACCESS, CLUSTER
 
     policy, binding = _admission_policy()
     pod_writes = {

@@ -6,7 +6,7 @@ One pass, in order:
    a follower still reads and plans, so its metrics and its planner memory are warm on takeover;
 2. GET the scaler's /decisions (bounded timeout). A failure is fail static: no cluster read and
    no write this pass, because the companion must never act on demand it does not have;
-3. read the cluster (`kube.Kube.read`) for the decided workloads and the ones the planner still
+3. read the cluster (`kube.reads`) for the decided workloads and the ones the planner still
    remembers (a workload missing from /decisions is held, not forgotten); an API error keeps the
    last state and writes nothing;
 4. `plan.plan` over the NodePools the companion manages: those a workload is placed on, or that
@@ -43,7 +43,10 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from scaler.companion.inputs import DecisionsError, parse_decisions
-from scaler.companion.kube import ClusterView, Kube, KubeError, Write
+from scaler.companion.kube.client import KubeError
+from scaler.companion.kube.cluster import Kube
+from scaler.companion.kube.reads import ClusterView
+from scaler.companion.kube.writes import Write
 from scaler.companion.model import (
     PREVIOUS_BUDGETS_ANNOTATION,
     PREVIOUS_LIMIT_ANNOTATION,
@@ -347,7 +350,7 @@ def command(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from scaler import logs
-    from scaler.companion.kube import KubeSettings
+    from scaler.companion.kube.client import KubeSettings
 
     logs.setup(args.log_level, args.log_format)
     try:

@@ -1,33 +1,15 @@
-"""The companion's Kubernetes edge (being split by job; `writes` holds it all for now)."""
+"""The companion's Kubernetes edge, one module per job:
 
-from scaler.companion.kube.writes import (
-    API_ACCESS,
-    CLUSTER,
-    EVENTS,
-    LEASE,
-    LIVE_PHASES_SELECTOR,
-    NAMESPACE,
-    ClusterView,
-    Kube,
-    KubeError,
-    KubeSettings,
-    Write,
-    micro_time,
-    parse_time,
-)
+- `client`: the plumbing (API groups, timeouts, retries, `KubeError`, `KubeSettings`, `API_ACCESS`)
+- `aggregate`: pure sums of what was listed (GPUs per NodePool, placeholders, pods' workloads)
+- `reads`: the cluster read into a `ClusterView`
+- `lease`: leader election on a Lease
+- `writes`: NodePool patches, placeholder Deployments, pod deletion costs
+- `events`: a Kubernetes Event per change
+- `cluster`: `Kube`, all of the above on one client
+"""
 
-__all__ = [
-    "API_ACCESS",
-    "CLUSTER",
-    "EVENTS",
-    "LEASE",
-    "LIVE_PHASES_SELECTOR",
-    "NAMESPACE",
-    "ClusterView",
-    "Kube",
-    "KubeError",
-    "KubeSettings",
-    "Write",
-    "micro_time",
-    "parse_time",
-]
+# Imported from here by scaler.cli's companion sub-command.
+from scaler.companion.kube.client import KubeSettings
+
+__all__ = ["KubeSettings"]
