@@ -3,8 +3,9 @@
 The companion is the second surface of the scaler: the scaler's decisions and
 forecasts -> GPU node capacity for Karpenter. Data flows one way, like the scaler's:
 
-    kube.py / inputs.py (I/O: read)  ->  plan.py (pure: values in, a plan out, time an argument)
-        ->  kube.py (I/O: merge patches of only the fields the companion owns)
+    kube/reads.py, inputs.py (I/O: read)
+        ->  plan.py (pure: values in, a plan out, time an argument)
+        ->  kube/writes.py (I/O: merge patches of only the fields the companion owns)
 
 Everything here is a frozen value so a plan can be logged, compared, tested and replayed.
 """

@@ -30,7 +30,7 @@ from scaler.companion.model import (
 from scaler.companion.plan import is_peak_budget
 
 NODEPOOL_GROUP, NODEPOOL_VERSION = "karpenter.sh", "v1"
-NODEPOOL_API_VERSION = f"{NODEPOOL_GROUP}/{NODEPOOL_VERSION}"  # the one definition; kube.py uses it
+NODEPOOL_API_VERSION = f"{NODEPOOL_GROUP}/{NODEPOOL_VERSION}"  # the one definition; kube/ uses it
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 PLACEHOLDER_APP = "gpu-placeholder"
 PLACEHOLDER_NODEPOOL_LABEL = "gpu-queue-scaler.io/placeholder-for"
