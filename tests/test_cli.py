@@ -3,14 +3,19 @@ that closes early, and no verdict printed without the data behind it."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import json
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from scaler import cli
 from scaler.bench.load import (
     VERDICT_MIN_CALLS,
     Calls,
@@ -70,6 +75,115 @@ def test_signals_of_a_synthetic_workload_exit_0() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["source"] == "synthetic"
+
+
+# --- commands other packages add -----------------------------------------------------------------
+
+PLUGIN = """
+import argparse
+
+
+def _hello(args: argparse.Namespace) -> int:
+    print(f"hello {args.name}")
+    return 7
+
+
+def register(sub) -> None:
+    hello = sub.add_parser("hello", help="a plugin's command")
+    hello.add_argument("--name", required=True)
+    hello.set_defaults(run=_hello)
+"""
+
+
+@pytest.fixture
+def plugins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[importlib.metadata.EntryPoint]]:
+    """The entry points the command line finds: a real module on the path, nothing else."""
+    (tmp_path / "cli_test_plugin.py").write_text(PLUGIN, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found: list[importlib.metadata.EntryPoint] = []
+    real = importlib.metadata.entry_points
+
+    def entry_points(**selection: str) -> object:
+        if selection.get("group") == cli.PLUGIN_GROUP:
+            return found
+        return real(**selection)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    yield found
+    sys.modules.pop("cli_test_plugin", None)
+
+
+def _entry(name: str, value: str) -> importlib.metadata.EntryPoint:
+    return importlib.metadata.EntryPoint(name=name, value=value, group=cli.PLUGIN_GROUP)
+
+
+def test_a_plugins_command_is_listed_and_runs(
+    plugins: list[importlib.metadata.EntryPoint], capsys: pytest.CaptureFixture[str]
+) -> None:
+    plugins.append(_entry("hello", "cli_test_plugin:register"))
+    assert "a plugin's command" in cli.parser().format_help()
+    assert cli.main(["hello", "--name", "world"]) == 7
+    assert capsys.readouterr().out == "hello world\n"
+
+
+def test_a_plugin_whose_code_is_missing_is_named_when_asked_for(
+    plugins: list[importlib.metadata.EntryPoint], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As in the runtime image, whose metadata may name a measuring command it does not ship: the
+    other commands still work, and asking for that one says where it comes from."""
+    plugins += [_entry("measure", "cli_test_absent_plugin:register")]
+    plugins += [_entry("hello", "cli_test_plugin:register")]
+    assert cli.parser().parse_args(["explain", "a/b"]).workload == "a/b"
+    assert cli.main(["measure", "--trace", "x.csv"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "scaler: 'measure' comes with the measuring package, which is not installed here\n"
+    )
+    assert cli.main(["hello", "--name", "again"]) == 7  # the plugin after it still loaded
+    with pytest.raises(SystemExit) as unknown:  # a name nobody declared: argparse's own error
+        cli.main(["nope"])
+    assert unknown.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+# The product's commands ship in the runtime image, which leaves the measuring code out: only
+# the measuring commands' own modules may import it, even lazily inside a handler.
+MEASURING_COMMANDS = {"demo.py", "bench.py"}
+MEASURING = ("sim", "bench", "demo", "traces", "hpa", "kedaclient")
+MEASURING_LIBRARIES = ("matplotlib", "tqdm")
+
+
+def _measuring_imports(source: str) -> list[str]:
+    """The modules of the simulator, benches and their plotting that `source` imports anywhere."""
+    package = cli.__name__.split(".")[0]
+    banned = [f"{package}.{name}" for name in MEASURING] + list(MEASURING_LIBRARIES)
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+    return sorted({n for n in names for b in banned if n == b or n.startswith(b + ".")})
+
+
+def test_the_import_check_sees_lazy_and_from_imports() -> None:
+    package = cli.__name__.split(".")[0]
+    source = f"def run():\n    from {package} import sim\n    import tqdm\n"
+    assert _measuring_imports(source) == [f"{package}.sim", "tqdm"]
+    assert _measuring_imports(f"from {package}.cli import bench\n") == []
+
+
+def test_the_products_commands_import_no_measuring_code() -> None:
+    modules = sorted(Path(cli.__file__).parent.glob("*.py"))
+    assert {m.name for m in modules} >= MEASURING_COMMANDS | {"serve.py", "__init__.py"}
+    found = {
+        m.name: _measuring_imports(m.read_text(encoding="utf-8"))
+        for m in modules
+        if m.name not in MEASURING_COMMANDS
+    }
+    assert {name: names for name, names in found.items() if names} == {}
 
 
 # --- output into a pipe whose reader went away ----------------------------------------------------
