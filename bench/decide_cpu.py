@@ -31,7 +31,8 @@ from collections.abc import Callable
 from scaler.bench.load import trigger_metadata
 from scaler.config import Config
 from scaler.decider import Decider
-from scaler.engine import history_segments, read_history, tick_at_or_before
+from scaler.engine.schedule import history_segments, tick_at_or_before
+from scaler.engine.warm_start import read_history
 from scaler.policy import Decision
 from scaler.signals import Signal
 from scaler.sources.synthetic import SyntheticSource

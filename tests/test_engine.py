@@ -15,15 +15,15 @@ from scaler import decider as decider_module
 from scaler.bench.load import trigger_metadata
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
-from scaler.engine import (
+from scaler.engine import Engine
+from scaler.engine.schedule import (
     PHASE_SLOTS,
     PHASE_SPREAD,
-    Engine,
-    Turnstile,
     phase_of,
     tick_after,
     tick_at_or_before,
 )
+from scaler.engine.turns import Turnstile
 from scaler.signals import Signal
 from scaler.sources.synthetic import SyntheticSource
 from scaler.trigger import parse_trigger
@@ -32,7 +32,7 @@ from tests.conftest import ManualClock, poll, synthetic
 
 
 async def test_turnstile_lets_one_waiter_through_per_loop_iteration() -> None:
-    """The engine's evaluations take turns (scaler.engine.Turnstile): between two of them the
+    """The engine's evaluations take turns (scaler.engine.turns.Turnstile): between two of them the
     event loop runs everything else that is ready, so a burst of ticks cannot starve RPCs."""
     turns = Turnstile()
     order: list[str] = []
@@ -58,11 +58,12 @@ async def test_turnstile_lets_one_waiter_through_per_loop_iteration() -> None:
 
 
 def test_phases_are_stable_spread_and_below_the_spread() -> None:
-    """Each workload ticks at its own phase of the interval (scaler.engine.phase_of): the same in
-    every replica and restart (a stable hash, not Python's salted one), below PHASE_SPREAD, and
-    spread, so 1,000 workloads do not evaluate in one burst (a few per instant: a burst longer
-    than an RPC's few loop iterations raises the RPCs' p99); but in PHASE_SLOTS instants only,
-    so the event loop wakes at most PHASE_SLOTS times per interval, not once per workload."""
+    """Each workload ticks at its own phase of the interval (scaler.engine.schedule.phase_of):
+    the same in every replica and restart (a stable hash, not Python's salted one), below
+    PHASE_SPREAD, and spread, so 1,000 workloads do not evaluate in one burst (a few per instant:
+    a burst longer than an RPC's few loop iterations raises the RPCs' p99); but in PHASE_SLOTS
+    instants only, so the event loop wakes at most PHASE_SLOTS times per interval, not once per
+    workload."""
     keys = [(f"bench-{i % 10}", f"so-{i:05d}", f"synthetic-so-{i:05d}") for i in range(1000)]
     phases = [phase_of(key) for key in keys]
     assert phase_of(keys[0]) == phases[0]

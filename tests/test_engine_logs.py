@@ -16,7 +16,7 @@ from scaler import decider as decider_module
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
 from scaler.engine import Engine
-from scaler.engine import engine as engine_module
+from scaler.engine import faults as faults_module
 from scaler.logs import JsonFormatter
 from scaler.policy import Decision, decide
 from scaler.signals import Signal
@@ -67,7 +67,7 @@ def source_events(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
 
 
 async def test_a_persisting_source_failure_is_logged_once_then_throttled(monkeypatch, caplog):
-    monkeypatch.setattr(engine_module, "SOURCE_FAILURE_LOG_EVERY_S", 0.4)
+    monkeypatch.setattr(faults_module, "SOURCE_FAILURE_LOG_EVERY_S", 0.4)
     caplog.set_level(logging.INFO, logger="scaler.engine")
     source = BuggySource()
     engine = Engine(ConfigStore(Config(server=SETTINGS)), sources=lambda _: source)

@@ -22,7 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from scaler._proto import externalscaler_pb2 as pb
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
-from scaler.engine import Segment, read_history
+from scaler.engine.schedule import Segment
+from scaler.engine.warm_start import read_history
 from scaler.policy import Decision
 from scaler.server import ScalerServer
 from scaler.signals import Signal

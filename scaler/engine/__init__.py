@@ -1,41 +1,13 @@
-"""The engine: one background loop per workload, and the decision cache every RPC reads."""
+"""The engine: one background loop per workload, and the decision cache every RPC reads.
 
-from scaler.engine.engine import (
-    PHASE_SLOTS,
-    PHASE_SPREAD,
-    SOURCE_FAILURE_LOG_EVERY_S,
-    WARM_STARTS_AT_ONCE,
-    Engine,
-    Fault,
-    NoDecisionError,
-    Segment,
-    Turnstile,
-    Workload,
-    history_segments,
-    key_fraction,
-    next_tick,
-    phase_of,
-    read_history,
-    tick_after,
-    tick_at_or_before,
-)
+`engine` schedules the loops; `schedule` is the tick grid (pure); `turns` the event-loop turns;
+`warm_start` a new loop's replay of history; `evaluation` one live tick; `workload` a workload's
+state and what it publishes; `admission` which triggers get a loop; `faults` what an RPC answers
+instead of a decision.
+"""
 
-__all__ = [
-    "PHASE_SLOTS",
-    "PHASE_SPREAD",
-    "SOURCE_FAILURE_LOG_EVERY_S",
-    "WARM_STARTS_AT_ONCE",
-    "Engine",
-    "Fault",
-    "NoDecisionError",
-    "Segment",
-    "Turnstile",
-    "Workload",
-    "history_segments",
-    "key_fraction",
-    "next_tick",
-    "phase_of",
-    "read_history",
-    "tick_after",
-    "tick_at_or_before",
-]
+from scaler.engine.engine import Engine
+from scaler.engine.faults import Fault, NoDecisionError
+from scaler.engine.workload import Workload
+
+__all__ = ["Engine", "Fault", "NoDecisionError", "Workload"]
