@@ -150,6 +150,176 @@ def spread_steps(
     return out
 
 
+# The kernels below are the update's array math, module-level so they read as arithmetic on
+# arrays: elementwise as in the textbook form, computed in place over all experts, steps and
+# series at once; a masked update is computed everywhere and then undone where the mask is off
+# (cheaper than np.where when the mask is mostly on), and a choice between two step sizes is a
+# product with the 0/1 mask (exact: x * 1 = x, x * 0 + y = y).
+ErrorStats = tuple[FloatArray, FloatArray, FloatArray, FloatArray]  # mean, deviation, z, count
+
+
+def _error_statistics(
+    err: FloatArray,
+    valid: BoolArray,
+    n: FloatArray,
+    m: FloatArray,
+    s: FloatArray,
+    z: FloatArray,
+    *,
+    fewest: float,
+    window: int,
+    z_steps: tuple[float, float, float, bool],
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Each valid cell's error `err`, shape (E, G, N), folded into its mean `m`, mean absolute
+    deviation `s` and quantile offset `z` (pinball-loss gradient step), counted in `n` (in
+    place): O(1) per cell, no windows kept or sorted. Returns the new (m, s, z). `fewest` is a
+    lower bound of the counts of the cells with an error (skips the masks it makes constant);
+    `z_steps` is z's step after a miss, after a hit, their difference, and whether hit + difference
+    is exactly the miss step."""
+    z_up, z_down, z_jump, z_exact = z_steps
+    experts, g, n_series = err.shape
+    all_valid = bool(valid.all())  # (the usual case: no mask to apply)
+    rate: FloatArray | float = 1.0 / window
+    mean = np.empty_like(m)
+    deviation = np.empty_like(s)
+    z_new = np.empty_like(z)
+    # A few experts at a time, so the arrays a block works on stay in the CPU's cache.
+    block = max(1, _BLOCK_CELLS // (g * n_series))
+    step_buffer = np.empty((min(block, experts), g, n_series))
+    for first in range(0, experts, block):
+        part = slice(first, first + block)
+        err_b, valid_b, n_b, z_b = err[part], valid[part], n[part], z[part]
+        m_b, s_b = m[part], s[part]
+        mean_b, deviation_b, z_new_b = mean[part], deviation[part], z_new[part]
+        if all_valid:
+            n_b += 1.0  # = + True, without the cast
+        else:
+            n_b += valid_b
+        step = np.multiply(z_b, s_b, out=step_buffer[: z_b.shape[0]])
+        step += m_b  # the bound: a miss is an error above it
+        miss = np.greater(err_b, step)
+        if z_exact:
+            np.multiply(miss, z_jump, out=step)
+            step += z_down
+        else:
+            step[...] = np.where(miss, z_up, z_down)
+        if fewest < 1:  # z moves where an error follows an earlier one: step 0 elsewhere
+            step *= valid_b & (n_b > 1)
+        np.add(z_b, step, out=z_new_b)  # where no error comes, undone below
+        if fewest < window:
+            rate = np.maximum(n_b, 1.0)
+            np.divide(1.0, rate, out=rate)
+            np.maximum(rate, 1.0 / window, out=rate)
+        np.subtract(err_b, m_b, out=mean_b)
+        mean_b *= rate
+        mean_b += m_b
+        np.subtract(err_b, mean_b, out=deviation_b)
+        np.abs(deviation_b, out=deviation_b)
+        deviation_b -= s_b
+        deviation_b *= rate
+        deviation_b += s_b
+        if all_valid:
+            continue
+        invalid = ~valid_b
+        if invalid.any():
+            np.copyto(mean_b, m_b, where=invalid)
+            np.copyto(deviation_b, s_b, where=invalid)
+            np.copyto(z_new_b, z_b, where=invalid)
+    return mean, deviation, z_new
+
+
+def _running_mean(
+    mean: FloatArray, count: FloatArray, x: FloatArray, hit: BoolArray, floor: float
+) -> FloatArray:
+    """`x` folded into `mean` where `hit`, weight 1/count but at least `floor` (`hit` counted in
+    `count`, in place; `x` is overwritten): the plain mean at first, then exponentially
+    weighted, so a new row learns fast and an old one keeps following."""
+    least = count.min(where=hit, initial=np.inf)
+    count += hit
+    weight: FloatArray | float
+    if 1.0 / max(least, 1.0) <= floor:  # so is every 1 / count: all weigh floor
+        weight = floor
+    else:
+        weight = np.maximum(1.0 / np.maximum(count, 1.0), floor)
+    x -= mean
+    x *= weight
+    x += mean
+    return np.where(hit, x, mean)
+
+
+def _expert_bounds(
+    points: FloatArray,
+    stats: ErrorStats,
+    vol: FloatArray,
+    fallback: FloatArray,
+    ready: BoolArray,
+    min_errors: int,
+) -> FloatArray:
+    """Every expert's upper bound at one step, shape (E, N), from the candidates' `points` there
+    (C, N) and the experts' error statistics at that step: what phase 2 scores them on later
+    (NaN for a candidate not ready)."""
+    m, s, z, n = stats
+    c = points.shape[0]
+    upper = np.multiply(z, s)
+    upper += m
+    upper[c:] *= vol
+    upper = np.where(n >= min_errors, upper, fallback)
+    np.maximum(upper, 0.0, out=upper)
+    upper[:c] += points
+    upper[c:] += points
+    if not ready.all():
+        upper[~ready] = np.nan
+    return upper
+
+
+def _combine(
+    points: FloatArray,
+    order: IntArray,
+    weight: FloatArray,
+    stats: ErrorStats,
+    vol: FloatArray,
+    fallback: FloatArray,
+    new: IntArray | None,
+    min_errors: int,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """The weighted mean of the picked experts' points and bounds (`order`, `weight`: shape
+    (top, N)), per grid step and series: point, upper and lower, shape (G, N) each, before the
+    calibration. Averaging a few good forecasts cancels part of their errors and does not flap
+    between near-equal models as a hard choice does. `new`: the series where some expert and
+    step may still lack `min_errors` errors, whose bounds fall back to the scale-based ones."""
+    m, s, z, n = stats
+    c, g, n_series = points.shape
+    wide = weight[:, None, :]
+    cells = g * n_series
+    base = np.arange(cells).reshape(g, n_series)
+    at = order[:, None, :] * cells + base  # (top, G, N) flat positions of the picks
+    point_at = (order % c)[:, None, :] * cells + base
+    chosen = points.reshape(-1).take(point_at)  # take: the same gather, cheaper than []
+    z_at = z.reshape(-1).take(at)
+    s_at = s.reshape(-1).take(at)
+    m_at = m.reshape(-1).take(at)
+    unit = np.where(order >= c, vol, 1.0)[:, None, :]
+    spread = np.multiply(z_at, s_at)
+    up = np.add(m_at, spread)
+    up *= unit
+    down = np.subtract(m_at, spread)
+    down *= unit
+    # Bounds from the error statistics once `min_errors` were seen, else the scale-based
+    # fallback: only in the series where some expert and step has not seen that many yet.
+    if new is not None and new.size:
+        trusted = n.reshape(-1)[at[:, :, new]] >= min_errors
+        up[:, :, new] = np.where(trusted, up[:, :, new], fallback[:, new])
+        down[:, :, new] = np.where(trusted, down[:, :, new], -fallback[:, new])
+    np.maximum(up, 0.0, out=up)
+    up += chosen
+    np.minimum(down, 0.0, out=down)
+    down += chosen
+    chosen *= wide
+    up *= wide
+    down *= wide
+    return chosen.sum(axis=0), up.sum(axis=0), down.sum(axis=0)
+
+
 class ScalerForecaster(RowState):
     """Candidates Naive, MovingAverage (6 and 12 bins), SimpleExponential, HoltDamped, and with a
     `period` SeasonalNaive and SeasonalHolt, all updated with the same observations; two experts
@@ -368,28 +538,53 @@ class ScalerForecaster(RowState):
         return tuple([names[index] for index in (self._best % c).tolist()])
 
     def update(self, y: ArrayLike) -> None:
+        """Learn from this bin's observations (`y`, shape (N,); NaN: missing), then forecast: the
+        five phases below, in order, each reading what the earlier ones left."""
         values, ok = observe(y, self.n_series)
-        t, h, q = self._t, self.horizon, self.quantile
-        n_series, c, g = self.n_series, len(self._models), self._steps.size
-        slots = (t - self._steps) % h  # where each grid step's forecast for this bin was issued
-        # Elementwise arithmetic as in the textbook form, computed in place over all experts,
-        # steps and series at once; a masked update is computed everywhere and then undone where
-        # the mask is off (cheaper than np.where when the mask is mostly on), and a choice between
-        # two step sizes is a product with the 0/1 mask (exact: x * 1 = x, x * 0 + y = y).
+        slots = (self._t - self._steps) % self.horizon  # where each grid step's forecast was issued
+        few = self._learn_errors(values, ok, slots)
+        self._score_experts(values, ok)
+        self._calibrate(values, ok, slots)
+        vol = self._track_series(values, ok)
+        self._forecast(values, ok, vol, few)
+        self._t += 1
 
-        # 1. Errors of the forecasts made a grid step ago for this bin, per expert.
+    def _learn_errors(
+        self, values: FloatArray, ok: BoolArray, slots: IntArray
+    ) -> FloatArray | None:
+        """1. Each expert's error of its forecast for this bin, folded into its error statistics,
+        so its bound learns from its misses. Returns the fewest errors per series while some
+        expert and step are not yet trusted (else None), for the bounds' fallback in phase 5."""
+        c, g = len(self._models), self._steps.size
         due = self._pending[:, slots, self._at]  # (C, G, N)
-        err = np.empty((2 * c, g, n_series))
+        err = np.empty((2 * c, g, self.n_series))
         np.subtract(values, due, out=err[:c])
         np.divide(err[:c], self._vol_issued[slots], out=err[c:])
         valid = np.isfinite(err)
         valid &= ok
-        all_valid = bool(valid.all())  # (the usual case: no mask to apply)
-        n, z = self._n, self._z
-        # The fewest errors so far (before this one) among those that get one: a rate or mask that
-        # depends on the count is the same for all of them once it is large enough. Bounded below
-        # by the fewest in the series observed now (cheap); exact only if that is too small. Once
-        # every count is that large (`_n_floor`, kept between updates), it need not be looked at.
+        fewest, few = self._fewest_errors(ok, valid)
+        self._m, self._s, self._z = _error_statistics(
+            err,
+            valid,
+            self._n,
+            self._m,
+            self._s,
+            self._z,
+            fewest=fewest,
+            window=self.window,
+            z_steps=(self._z_up, self._z_down, self._z_jump, self._z_exact),
+        )
+        return few
+
+    def _fewest_errors(self, ok: BoolArray, valid: BoolArray) -> tuple[float, FloatArray | None]:
+        """The fewest errors so far (before this one) among the cells that get one, so that a rate
+        or mask depending on the count is skipped once it is the same for all of them; and per
+        series the fewest over experts and steps while some count is below trust (else None).
+
+        Bounded below by the fewest in the series observed now (cheap); exact only if that is too
+        small. Once every count is that large (`_n_floor`, kept between updates), it need not be
+        looked at."""
+        n = self._n
         trusted_all = max(self.window, self.min_errors)
         if self._n_floor >= trusted_all:
             fewest = self._n_floor
@@ -400,100 +595,38 @@ class ScalerForecaster(RowState):
             fewest = few[ok].min() if ok.any() else np.inf  # per series observed now
             if fewest < self.window:
                 fewest = np.where(valid, n, np.inf).min()
-        if fewest >= self.window:
-            rate: FloatArray | float = 1.0 / self.window
-        mean = np.empty_like(self._m)
-        deviation = np.empty_like(self._s)
-        z_new = np.empty_like(z)
-        # A few experts at a time, so the arrays a block works on stay in the CPU's cache.
-        block = max(1, _BLOCK_CELLS // (g * n_series))
-        step_buffer = np.empty((min(block, 2 * c), g, n_series))
-        for first in range(0, 2 * c, block):
-            part = slice(first, first + block)
-            err_b, valid_b, n_b, z_b = err[part], valid[part], n[part], z[part]
-            m_b, s_b = self._m[part], self._s[part]
-            mean_b, deviation_b, z_new_b = mean[part], deviation[part], z_new[part]
-            if all_valid:
-                n_b += 1.0  # = + True, without the cast
-            else:
-                n_b += valid_b
-            step = np.multiply(z_b, s_b, out=step_buffer[: z_b.shape[0]])
-            step += m_b  # the bound: a miss is an error above it
-            miss = np.greater(err_b, step)
-            if self._z_exact:
-                np.multiply(miss, self._z_jump, out=step)
-                step += self._z_down
-            else:
-                step[...] = np.where(miss, self._z_up, self._z_down)
-            if fewest < 1:  # z moves where an error follows an earlier one: step 0 elsewhere
-                step *= valid_b & (n_b > 1)
-            np.add(z_b, step, out=z_new_b)  # where no error comes, undone below
-            if fewest < self.window:
-                rate = np.maximum(n_b, 1.0)
-                np.divide(1.0, rate, out=rate)
-                np.maximum(rate, 1.0 / self.window, out=rate)
-            np.subtract(err_b, m_b, out=mean_b)
-            mean_b *= rate
-            mean_b += m_b
-            np.subtract(err_b, mean_b, out=deviation_b)
-            np.abs(deviation_b, out=deviation_b)
-            deviation_b -= s_b
-            deviation_b *= rate
-            deviation_b += s_b
-            if all_valid:
-                continue
-            invalid = ~valid_b
-            if invalid.any():
-                np.copyto(mean_b, m_b, where=invalid)
-                np.copyto(deviation_b, s_b, where=invalid)
-                np.copyto(z_new_b, z_b, where=invalid)
-        self._m = mean
-        self._s = deviation
-        self._z = z_new
+        return fewest, few
 
-        # 2. Score the experts' bounds issued eval_step bins ago.
-        slot = t % self.eval_step
-        issued = self._issued[slot]
-        hit_e = np.isfinite(issued)
-        hit_e &= ok
-        least = self._n_scored.min(where=hit_e, initial=np.inf)
-        self._n_scored += hit_e
-        if 1.0 / max(least, 1.0) <= self._decay:  # so is every 1 / count: all weigh decay
-            weight: FloatArray | float = self._decay
-        else:
-            weight = np.maximum(1.0 / np.maximum(self._n_scored, 1.0), self._decay)
-        loss = pinball_loss(values, np.where(hit_e, issued, 0.0), q)
-        loss -= self._loss
-        loss *= weight
-        loss += self._loss
-        self._loss = np.where(hit_e, loss, self._loss)
+    def _score_experts(self, values: FloatArray, ok: BoolArray) -> None:
+        """2. Score the experts' bounds issued eval_step bins ago by pinball loss at q: the recent
+        record the combination picks its experts by."""
+        issued = self._issued[self._t % self.eval_step]
+        hit = np.isfinite(issued)
+        hit &= ok
+        loss = pinball_loss(values, np.where(hit, issued, 0.0), self.quantile)
+        self._loss = _running_mean(self._loss, self._n_scored, loss, hit, self._decay)
 
-        # 3. Calibrate the combined bound on its own hits and misses (per step and series).
+    def _calibrate(self, values: FloatArray, ok: BoolArray, slots: IntArray) -> None:
+        """3. Move the combined bound's correction on its own hits and misses (per step and
+        series), so its hit rate stays at q whichever experts are picked."""
         point_due = self._point_issued[slots, self._at]
         upper_due = self._upper_issued[slots, self._at]
         hit = np.isfinite(point_due)
         hit &= ok
-        least = self._n_calibrated.min(where=hit, initial=np.inf)
-        self._n_calibrated += hit
-        if 1.0 / max(least, 1.0) <= 1.0 / _CALIBRATION_MEMORY:
-            rate_c: FloatArray | float = 1.0 / _CALIBRATION_MEMORY
-        else:
-            rate_c = np.maximum(
-                1.0 / np.maximum(self._n_calibrated, 1.0), 1.0 / _CALIBRATION_MEMORY
-            )
-        mae = np.subtract(values, point_due)
-        np.abs(mae, out=mae)
-        mae -= self._mae
-        mae *= rate_c
-        mae += self._mae
-        self._mae = np.where(hit, mae, self._mae)
-        off = (values > upper_due) - (1.0 - q)
+        error = np.subtract(values, point_due)
+        np.abs(error, out=error)
+        self._mae = _running_mean(
+            self._mae, self._n_calibrated, error, hit, 1.0 / _CALIBRATION_MEMORY
+        )
+        off = (values > upper_due) - (1.0 - self.quantile)
         move = self.calibration_rate * self._mae
         move *= off
         move += self._adjust
         self._adjust = np.where(hit, move, self._adjust)
 
-        # 4. Series statistics: fallback scale, level and volatility.
+    def _track_series(self, values: FloatArray, ok: BoolArray) -> FloatArray:
+        """4. Series statistics: the mean one-step change (the bounds' fallback scale) and the
+        level and volatility the scaled experts divide by. Returns the volatility (1 where 0)."""
         changed = ok & self._has_prev
         self._n_changes += changed
         change_rate = 1.0 / np.maximum(np.minimum(self._n_changes, self.window), 1)
@@ -516,78 +649,60 @@ class ScalerForecaster(RowState):
             self._level,
         )
         self._has_level |= ok
-        vol = np.where(self._vol > 0.0, self._vol, 1.0)
+        return np.where(self._vol > 0.0, self._vol, 1.0)
 
-        # 5. New forecasts: every candidate; every expert's bound at eval_step (to be scored);
-        # the combination of the best experts, whose bounds alone are needed at every step.
-        given = np.where(ok, values, np.nan)
-        points = np.empty((c, g, n_series))  # at the grid steps
-        ready = np.empty((c, n_series), dtype=np.bool_)
-        for i, model in enumerate(self._models):
-            if isinstance(model, _Base):
-                model._step(values, ok)  # what update(given) does after checking its input
-                model.predict_steps(points[i], self._steps)
-            else:
-                model.update(given)
-                points[i] = model.predict(h).T[self._steps - 1]
-            ready[i] = model.ready
+    def _forecast(
+        self, values: FloatArray, ok: BoolArray, vol: FloatArray, few: FloatArray | None
+    ) -> None:
+        """5. New forecasts: every candidate's; every expert's bound at eval_step (to be scored in
+        phase 2); the calibrated combination of the best experts, whose bounds alone are needed
+        at every step."""
+        points, ready = self._step_candidates(values, ok)
         ready_e = np.concatenate([ready, ready])
         fallback = self._fallback[:, None] * self._scale[None, :]  # (G, N)
         k = self._eval_at
-        upper_k = np.multiply(self._z[:, k], self._s[:, k])
-        upper_k += self._m[:, k]
-        upper_k[c:] *= vol
-        upper_k = np.where(self._n[:, k] >= self.min_errors, upper_k, fallback[k])
-        np.maximum(upper_k, 0.0, out=upper_k)
-        upper_k[:c] += points[:, k]
-        upper_k[c:] += points[:, k]
-        if not ready_e.all():
-            upper_k[~ready_e] = np.nan
-        self._issued[slot] = upper_k
-
+        self._issued[self._t % self.eval_step] = _expert_bounds(
+            points[:, k],
+            (self._m[:, k], self._s[:, k], self._z[:, k], self._n[:, k]),
+            vol,
+            fallback[k],
+            ready_e,
+            self.min_errors,
+        )
         usable = ready_e & (self._n_scored >= self.min_errors)
         usable[0] = True  # Naive, raw bound: always
         order, pick = top_experts(self._loss, usable, self.top)
         pick /= pick.sum(axis=0)
-        wide = pick[:, None, :]
-        cells = g * n_series
-        base = np.arange(cells).reshape(g, n_series)
-        at = order[:, None, :] * cells + base  # (top, G, N) flat positions of the picks
-        point_at = (order % c)[:, None, :] * cells + base
-        chosen = points.reshape(-1).take(point_at)  # take: the same gather, cheaper than []
-        z_at = self._z.reshape(-1).take(at)
-        s_at = self._s.reshape(-1).take(at)
-        m_at = self._m.reshape(-1).take(at)
-        unit = np.where(order >= c, vol, 1.0)[:, None, :]
-        spread = np.multiply(z_at, s_at)
-        up = np.add(m_at, spread)
-        up *= unit
-        down = np.subtract(m_at, spread)
-        down *= unit
-        # Bounds from the error statistics once `min_errors` were seen, else the scale-based
-        # fallback: only in the series where some expert and step has not seen that many yet.
         # Series where some expert and step had fewer (before this bin's error: a superset).
         new = None if few is None else np.flatnonzero(few < self.min_errors)
-        if new is not None and new.size:
-            trusted = self._n.reshape(-1)[at[:, :, new]] >= self.min_errors
-            up[:, :, new] = np.where(trusted, up[:, :, new], fallback[:, new])
-            down[:, :, new] = np.where(trusted, down[:, :, new], -fallback[:, new])
-        np.maximum(up, 0.0, out=up)
-        up += chosen
-        np.minimum(down, 0.0, out=down)
-        down += chosen
-        chosen *= wide
-        up *= wide
-        down *= wide
-        point = chosen.sum(axis=0)  # (G, N)
-        upper = up.sum(axis=0)
+        point, upper, lower = _combine(
+            points,
+            order,
+            pick,
+            (self._m, self._s, self._z, self._n),
+            vol,
+            fallback,
+            new,
+            self.min_errors,
+        )
         upper += self._adjust
         np.maximum(upper, point, out=upper)
-        lower = down.sum(axis=0)
         np.minimum(lower, point, out=lower)
         np.maximum(lower, 0.0, out=lower)
+        self._remember(points, ready, vol, order[0], (point, upper, lower))
 
-        now = t % h
+    def _remember(
+        self,
+        points: FloatArray,
+        ready: BoolArray,
+        vol: FloatArray,
+        best: IntArray,
+        forecast: tuple[FloatArray, FloatArray, FloatArray],
+    ) -> None:
+        """Keep this bin's forecasts: the candidates' points, their volatility and the combination
+        await their actuals (phases 1 and 3); the combination is what `predict` reads."""
+        point, upper, lower = forecast
+        now = self._t % self.horizon
         pending = self._pending[:, now]
         pending[...] = points
         if not ready.all():
@@ -595,11 +710,27 @@ class ScalerForecaster(RowState):
         self._vol_issued[now] = vol
         self._point_issued[now] = point
         self._upper_issued[now] = upper
-        self._best = order[0]
+        self._best = best
         self._point = point
         self._upper = upper
         self._lower = lower
-        self._t += 1
+
+    def _step_candidates(self, values: FloatArray, ok: BoolArray) -> tuple[FloatArray, BoolArray]:
+        """Every candidate updated with this bin: its points at the grid steps, shape (C, G, N),
+        and whether it is ready, shape (C, N)."""
+        c, g = len(self._models), self._steps.size
+        given = np.where(ok, values, np.nan)
+        points = np.empty((c, g, self.n_series))  # at the grid steps
+        ready = np.empty((c, self.n_series), dtype=np.bool_)
+        for i, model in enumerate(self._models):
+            if isinstance(model, _Base):
+                model._step(values, ok)  # what update(given) does after checking its input
+                model.predict_steps(points[i], self._steps)
+            else:
+                model.update(given)
+                points[i] = model.predict(self.horizon).T[self._steps - 1]
+            ready[i] = model.ready
+        return points, ready
 
     def predict(self, h: int) -> ForecastResult:
         """Point, upper (quantile) and lower bounds of each series' combined forecast."""
