@@ -8,6 +8,8 @@ import http.server
 import json
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -31,11 +33,33 @@ from scaler.sources.promql import (
     matchers_for,
     render,
 )
+from scaler.sources.scrape import ScrapeSource
 from scaler.trigger import parse_trigger
 from scaler.workload import WorkloadSpec, resolve
 from tests.servers.base import write_reply
 
 SELECTOR = 'service="llama",pod=~"llama-.*"'
+
+
+def modules_loaded_by(module: str) -> set[str]:
+    """The modules a fresh interpreter holds after importing `module` alone."""
+    code = f"import sys, {module}; print(' '.join(sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return set(done.stdout.split())
+
+
+@pytest.mark.parametrize("module", [render.__module__, ScrapeSource.__module__])
+def test_rendering_and_the_scrape_source_load_no_prometheus_transport(module: str) -> None:
+    """PromQL rendering is pure, and the direct-scrape source shares only its label matchers with
+    the Prometheus source: neither loads that source or its HTTP client."""
+    loaded = modules_loaded_by(module)
+    transport = {PrometheusSource.__module__, "prometheus_api_client", "requests"}
+    assert not loaded & transport, sorted(loaded & transport)
+    if module == render.__module__:
+        io = loaded & {"asyncio", "httpx", "urllib3", "socket"}
+        assert not io, f"rendering does no I/O, but loads {sorted(io)}"
 
 
 @pytest.fixture(autouse=True)
