@@ -15,13 +15,15 @@ from prometheus_client import REGISTRY
 from scaler import decider as decider_module
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
+from scaler.decider import Decider
 from scaler.engine import Engine
 from scaler.engine import faults as faults_module
+from scaler.engine.evaluation import log_if_changed
 from scaler.logs import JsonFormatter
-from scaler.policy import Decision, decide
+from scaler.policy import Decision, Reason, decide
 from scaler.signals import Signal
 from scaler.trigger import parse_trigger
-from scaler.workload import WorkloadSpec
+from scaler.workload import WorkloadSpec, resolve
 from tests.conftest import synthetic
 
 SETTINGS = ServerSettings(
@@ -160,3 +162,31 @@ async def test_a_decision_log_line_carries_the_decision_id_of_the_decision_it_lo
             decision.replicas,
             decision.reason.value,
         )
+
+
+def test_a_decision_is_logged_when_its_replicas_activity_or_reason_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One line per change an operator acts on, not one per tick: a decision with the replicas,
+    activity and reason of the one published before is not logged again."""
+    caplog.set_level(logging.INFO, logger="scaler.engine")
+    spec = resolve(parse_trigger("team-a", "llama", synthetic()), Config())
+    signal = Signal(at=1000.0, source="test", running=40.0, waiting=0.0, arrival_rate=1.0)
+    first = Decider(spec).tick(signal, signal.at)
+    assert first is not None
+    later = first._replace(at=first.at + 5.0)
+    changes = [
+        (None, first),
+        (first, later),  # the same replicas, activity and reason: not logged
+        (first, first._replace(replicas=first.replicas + 1)),
+        (first, first._replace(active=not first.active)),
+        (first, first._replace(reason=Reason.HOLD)),
+    ]
+    for previous, decision in changes:
+        log_if_changed(previous, decision)
+    formatter = JsonFormatter()
+    lines = [json.loads(formatter.format(record)) for record in caplog.records]
+    logged = [
+        (x["replicas"], x["active"], x["reason"]) for x in lines if x.get("event") == "decision"
+    ]
+    assert logged == [(d.replicas, d.active, d.reason.value) for _, d in changes if d is not later]

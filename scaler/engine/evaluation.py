@@ -11,6 +11,7 @@ from scaler import telemetry
 from scaler.config_watch import ConfigStore
 from scaler.engine.faults import Fault, NoDecisionError
 from scaler.engine.workload import Workload
+from scaler.policy import Decision
 from scaler.sources import Source, SourceError
 from scaler.workload import WorkloadSpec
 
@@ -73,23 +74,27 @@ async def evaluate(
             f"{spec.workload}: signal incomplete: {', '.join(signal.reasons)}",
         )
     workload.publish(decision, missing)
-    if decision is not None and (
-        previous is None
-        or (previous.replicas, previous.active, previous.reason)
-        != (decision.replicas, decision.active, decision.reason)
-    ):
-        log.info(
-            "decision",
-            extra={
-                "event": "decision",
-                "decision_id": decision.decision_id,
-                "workload": decision.workload,
-                "metric": decision.metric_name,
-                "replicas": decision.replicas,
-                "active": decision.active,
-                "reason": decision.reason.value,
-                "detail": decision.detail,
-                "faults": list(decision.faults),  # why a `hold` holds (missing signals)
-                "forecast_q90": decision.outlook.upper_max if decision.outlook else None,
-            },
-        )
+    if decision is not None:
+        log_if_changed(previous, decision)
+
+
+def log_if_changed(previous: Decision | None, decision: Decision) -> None:
+    """Log a decision whose replicas, activity or reason differ from the one published before."""
+    shown = (decision.replicas, decision.active, decision.reason)
+    if previous is not None and (previous.replicas, previous.active, previous.reason) == shown:
+        return
+    log.info(
+        "decision",
+        extra={
+            "event": "decision",
+            "decision_id": decision.decision_id,
+            "workload": decision.workload,
+            "metric": decision.metric_name,
+            "replicas": decision.replicas,
+            "active": decision.active,
+            "reason": decision.reason.value,
+            "detail": decision.detail,
+            "faults": list(decision.faults),  # why a `hold` holds (missing signals)
+            "forecast_q90": decision.outlook.upper_max if decision.outlook else None,
+        },
+    )
