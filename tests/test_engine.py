@@ -5,9 +5,11 @@ Time is the test's (`ManualClock`) wherever the engine ticks."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 from collections import Counter
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +17,7 @@ from scaler import decider as decider_module
 from scaler.bench.load import trigger_metadata
 from scaler.config import Config, ServerSettings
 from scaler.config_watch import ConfigStore
-from scaler.engine import Engine
+from scaler.engine import Engine, schedule
 from scaler.engine.schedule import (
     PHASE_SLOTS,
     PHASE_SPREAD,
@@ -77,6 +79,22 @@ def test_phases_are_stable_spread_and_below_the_spread() -> None:
         p * PHASE_SLOTS / PHASE_SPREAD == pytest.approx(round(p * PHASE_SLOTS / PHASE_SPREAD))
         for p in slots
     )
+
+
+def test_the_tick_grid_is_arithmetic_only() -> None:
+    """`scaler.engine.schedule` takes time as an argument: it imports no clock, no event loop and
+    no I/O, so the grid every replica computes depends on its arguments alone."""
+    tree = ast.parse(Path(schedule.__file__).read_text(encoding="utf-8"))
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    pure = {"__future__", "math", "zlib", "typing", "scaler.policy", "scaler.workload"}
+    assert imported - pure == set()
+    assert {"math", "zlib"} <= imported  # the imports were read
 
 
 def test_ticks_on_a_phased_grid() -> None:
