@@ -28,16 +28,16 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from scaler.bench.load import trigger_metadata
-from scaler.config import Config
-from scaler.decider import Decider
-from scaler.engine.schedule import history_segments, tick_at_or_before
-from scaler.engine.warm_start import read_history
-from scaler.policy import Decision
-from scaler.signals import Signal
-from scaler.sources.synthetic import SyntheticSource
-from scaler.trigger import TriggerCache
-from scaler.workload import WorkloadSpec, resolve
+from gpu_queue_scaler.decision.decider import Decider
+from gpu_queue_scaler.decision.policy import Decision
+from gpu_queue_scaler.engine.schedule import history_segments, tick_at_or_before
+from gpu_queue_scaler.engine.warm_start import read_history
+from gpu_queue_scaler.settings.config import Config
+from gpu_queue_scaler.settings.spec import WorkloadSpec, resolve
+from gpu_queue_scaler.settings.trigger import TriggerCache
+from gpu_queue_scaler.signals import Signal
+from gpu_queue_scaler.sources.synthetic import SyntheticSource
+from gpu_queue_scaler_bench.load.polls import trigger_metadata
 
 INTERVAL_S = 5.0
 STALE_S = 600.0

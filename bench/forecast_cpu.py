@@ -5,8 +5,9 @@ Usage: python bench/forecast_cpu.py [--rows 1000] [--horizon 12] [--period P] [-
 Times update + predict of one `ScalerForecaster` with `--rows` rows (a noisy series per row, 5%
 missing), and a `ForecastBank(10.0, horizon, period)` with as many rows, each observing once per
 bin (the first observation of a bin closes the last for every row). With `--old DIR`, DIR holds a
-copy of `scaler/forecast` as the package `oldforecast` (its `scaler.forecast` imports renamed), and
-both are timed in the same run, interleaved, the best of `--repeat` runs each, with their ratio.
+copy of `gpu_queue_scaler/forecast` as the package `oldforecast` (its `gpu_queue_scaler.forecast`
+imports renamed), and both are timed in the same run, interleaved, the best of `--repeat` runs each,
+with their ratio.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import gpu_queue_scaler.decision.bank as bank_module
 import numpy as np
-import scaler.forecast_bank as bank_module
-from scaler.forecast import ScalerForecaster
+from gpu_queue_scaler.forecast import ScalerForecaster
 
 WARM = 200
 TIMED = 200

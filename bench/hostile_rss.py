@@ -29,12 +29,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-from scaler._proto import externalscaler_pb2 as pb
-from scaler.config import Config
-from scaler.config_watch import ConfigStore
-from scaler.fields import BY_KEY, TRIGGER_KEYS, Range
-from scaler.kedaclient import KedaLikeClient, scaled_object
-from scaler.server import ScalerServer
+from gpu_queue_scaler._proto import externalscaler_pb2 as pb
+from gpu_queue_scaler.serve.server import ScalerServer
+from gpu_queue_scaler.settings.config import Config
+from gpu_queue_scaler.settings.fields import BY_KEY, TRIGGER_KEYS, Range
+from gpu_queue_scaler.settings.reload import ConfigStore
+from gpu_queue_scaler_bench.emulators.keda import KedaLikeClient, scaled_object
 
 AT_ONCE = 16  # calls in flight
 
@@ -125,7 +125,7 @@ async def poll(
 
 
 async def run(maps: int, polls: int, seed: int) -> None:
-    logging.getLogger("scaler").setLevel(logging.CRITICAL)  # every map's failing reads
+    logging.getLogger("gpu_queue_scaler").setLevel(logging.CRITICAL)  # every map's failing reads
     held = refusing_port()
     port = held.getsockname()[1]
     server = ScalerServer(ConfigStore(Config()), "127.0.0.1:0", grace_s=1.0)

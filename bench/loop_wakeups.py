@@ -7,7 +7,7 @@ evaluation: sleep to its next tick on its phased grid, take a `Turnstile` turn, 
 Two runs in this process, one after the other, same workloads and interval:
 
 - *distinct*: every workload on its own phase (a continuous hash), as before PHASE_SLOTS;
-- *slotted*: `scaler.engine.schedule.phase_of` (phases in PHASE_SLOTS steps).
+- *slotted*: `gpu_queue_scaler.engine.schedule.phase_of` (phases in PHASE_SLOTS steps).
 
 It prints CPU microseconds per tick (process time over the ticks counted) for each, and the
 ratio. What it shows: the cost of a tick is mostly the event loop's timed wake-ups, which
@@ -21,8 +21,14 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from scaler.engine.schedule import PHASE_SLOTS, PHASE_SPREAD, key_fraction, next_tick, phase_of
-from scaler.engine.turns import Turnstile
+from gpu_queue_scaler.engine.schedule import (
+    PHASE_SLOTS,
+    PHASE_SPREAD,
+    key_fraction,
+    next_tick,
+    phase_of,
+)
+from gpu_queue_scaler.engine.turns import Turnstile
 
 Key = tuple[str, str, str]
 

@@ -3,9 +3,9 @@
 Usage: python bench/metrics_exposition.py [--workloads 1000] [--repeat 5]
 
 `scaler serve` exports every tracked workload's latest decision and signals as labelled gauges
-(`scaler.telemetry.DecisionCollector`), rendered by prometheus_client when Prometheus scrapes
-/metrics (from the HTTP server's own thread, holding the GIL while it renders). This starts an
-`Engine` with `--workloads` synthetic workloads (the `scaler bench load` triggers, no I/O),
+(`gpu_queue_scaler.telemetry.DecisionCollector`), rendered by prometheus_client when Prometheus
+scrapes /metrics (from the HTTP server's own thread, holding the GIL while it renders). This starts
+an `Engine` with `--workloads` synthetic workloads (the `scaler bench load` triggers, no I/O),
 waits for their first decisions, and prints the series and bytes of one scrape, and the CPU of
 collecting the families and of rendering the whole text, each averaged over `--repeat` scrapes.
 """
@@ -16,13 +16,13 @@ import argparse
 import asyncio
 import time
 
+from gpu_queue_scaler.engine import Engine
+from gpu_queue_scaler.settings.config import Config, ServerSettings
+from gpu_queue_scaler.settings.reload import ConfigStore
+from gpu_queue_scaler.settings.trigger import TriggerCache
+from gpu_queue_scaler.telemetry import DecisionCollector
+from gpu_queue_scaler_bench.load.polls import trigger_metadata
 from prometheus_client import CollectorRegistry, generate_latest
-from scaler.bench.load import trigger_metadata
-from scaler.config import Config, ServerSettings
-from scaler.config_watch import ConfigStore
-from scaler.engine import Engine
-from scaler.telemetry import DecisionCollector
-from scaler.trigger import TriggerCache
 
 
 async def measure(workloads: int, repeat: int) -> tuple[int, int, float, float]:

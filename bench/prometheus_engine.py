@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from gpu_queue_scaler.engine import Engine
+from gpu_queue_scaler.settings.config import Config, ServerSettings
+from gpu_queue_scaler.settings.reload import ConfigStore
+from gpu_queue_scaler.settings.trigger import TriggerCache
+from gpu_queue_scaler.sources import batching
+from gpu_queue_scaler.sources import prometheus as prometheus_source
 from prometheus_client.parser import text_string_to_metric_families
-from scaler.config import Config, ServerSettings
-from scaler.config_watch import ConfigStore
-from scaler.engine import Engine
-from scaler.sources import batching
-from scaler.sources import prometheus as prometheus_source
-from scaler.trigger import TriggerCache
 
 from prometheus_reads import PODS, SAMPLES, prometheus_cpu_s, serve_text, start_prometheus
 

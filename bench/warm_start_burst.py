@@ -10,8 +10,8 @@ process, one after the other, each a fresh `Engine` with the same `scaler bench 
 
 - *at once*: every warm start replays at the same time (the engine before WARM_STARTS_AT_ONCE),
   sharing the CPU in 1 ms slices;
-- *in order*: `scaler.engine.warm_start.WARM_STARTS_AT_ONCE` replay at a time, the rest wait in
-  arrival order.
+- *in order*: `gpu_queue_scaler.engine.warm_start.WARM_STARTS_AT_ONCE` replay at a time, the rest
+  wait in arrival order.
 
 It prints, for each, how many first decisions came within `--timeout` (the default of
 firstDecisionTimeoutSeconds: after it a caller gets UNAVAILABLE), the p50 and p99 time to a
@@ -24,12 +24,12 @@ import argparse
 import asyncio
 import time
 
-from scaler.bench.load import quantile, trigger_metadata
-from scaler.config import Config, ServerSettings
-from scaler.config_watch import ConfigStore
-from scaler.engine import Engine
-from scaler.engine.warm_start import WARM_STARTS_AT_ONCE
-from scaler.trigger import TriggerCache
+from gpu_queue_scaler.engine import Engine
+from gpu_queue_scaler.engine.warm_start import WARM_STARTS_AT_ONCE
+from gpu_queue_scaler.settings.config import Config, ServerSettings
+from gpu_queue_scaler.settings.reload import ConfigStore
+from gpu_queue_scaler.settings.trigger import TriggerCache
+from gpu_queue_scaler_bench.load.polls import quantile, trigger_metadata
 
 WAIT_S = 60.0  # the runs' own first-decision timeout: long enough to see every one finish
 

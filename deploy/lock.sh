@@ -41,7 +41,7 @@ compile() {  # compile <output> <input> [uv args...]
     --python-version "$python_version" --python-platform x86_64-unknown-linux-gnu \
     --custom-compile-command "deploy/lock.sh" \
     --output-file "$out")
-  # The target, for tests/test_image.py to check against the Dockerfile's base image.
+  # The target, for tests/surface/test_image.py to check against the Dockerfile's base image.
   python3 - "$root/$out" "$python_version" <<'EOF'
 import sys
 path, version = sys.argv[1], sys.argv[2]

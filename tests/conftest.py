@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from scaler.config import Config, ServerSettings
-from scaler.config_watch import ConfigStore
-from scaler.engine import Engine, Workload
-from scaler.kedaclient import KedaLikeClient, scaled_object
-from scaler.policy import Decision
-from scaler.server import ScalerServer
+from gpu_queue_scaler.decision.policy import Decision
+from gpu_queue_scaler.engine import Engine, Workload
+from gpu_queue_scaler.serve.server import ScalerServer
+from gpu_queue_scaler.settings.config import Config, ServerSettings
+from gpu_queue_scaler.settings.reload import ConfigStore
+from gpu_queue_scaler_bench.emulators.keda import KedaLikeClient, scaled_object
 from tests.servers.base import await_install
 
 FAST = ServerSettings(

@@ -28,7 +28,7 @@ import yaml
 from kubernetes_validate.utils import VersionNotSupportedError
 from referencing import Registry, Resource
 
-from scaler.check import strict_schema
+from gpu_queue_scaler.settings.check import strict_schema
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = REPO_ROOT / "deploy" / "crds"

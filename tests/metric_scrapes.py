@@ -14,14 +14,14 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from scaler import telemetry
-from scaler.companion.run import CompanionMetrics
-from scaler.config import Config
-from scaler.outlook import Outlook
-from scaler.policy import Decision, Reason
-from scaler.signals import Signal
-from scaler.trigger import parse_trigger
-from scaler.workload import WorkloadSpec, resolve
+from gpu_queue_scaler import telemetry
+from gpu_queue_scaler.companion.run import CompanionMetrics
+from gpu_queue_scaler.decision.outlook import Outlook
+from gpu_queue_scaler.decision.policy import Decision, Reason
+from gpu_queue_scaler.settings.config import Config
+from gpu_queue_scaler.settings.spec import WorkloadSpec, resolve
+from gpu_queue_scaler.settings.trigger import parse_trigger
+from gpu_queue_scaler.signals import Signal
 
 AT = 1_700_000_000.0
 

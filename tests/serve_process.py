@@ -11,7 +11,8 @@ from pathlib import Path
 
 
 class ServeProcess:
-    """`python -m scaler serve --address 127.0.0.1:0`; the bound port is read from its log.
+    """`python -m gpu_queue_scaler serve --address 127.0.0.1:0`; the bound port is read from its
+    log.
 
     Plaintext (`--insecure-plaintext`, on loopback) unless `plaintext=False`, when `args` carry the
     `--tls-*` flags."""
@@ -29,7 +30,7 @@ class ServeProcess:
             [
                 sys.executable,
                 "-m",
-                "scaler",
+                "gpu_queue_scaler",
                 "serve",
                 "--address",
                 "127.0.0.1:0",

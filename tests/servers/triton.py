@@ -4,7 +4,7 @@ The server runs in its own venv, `.venv-triton` (pytriton needs numpy<2); create
 `tests/servers/install_triton.sh`. This module runs in the main venv and uses only the stdlib
 and httpx. Load it as a pytest plugin for the session-scoped `triton_server` fixture:
 
-    .venv/bin/pytest -p tests.servers.triton tests/test_harness_triton.py
+    .venv/bin/pytest -p tests.servers.triton tests/real/test_harness_triton.py
 
 Everything binds and talks to 127.0.0.1 only.
 """
@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from scaler.httpclient import async_client
+from gpu_queue_scaler.sources.httpclient import async_client
 from tests.servers.base import (
     REPO_ROOT,
     LoadTally,

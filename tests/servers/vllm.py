@@ -27,7 +27,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scaler.httpclient import async_client
+from gpu_queue_scaler.sources.httpclient import async_client
 from tests.servers.base import (
     REPO_ROOT,
     LoadTally,

@@ -1,0 +1,152 @@
+"""One workload's decision, tick by tick: the one implementation of a tick that every caller runs.
+
+A tick is signal -> `gpu_queue_scaler.decision.policy.decide` -> feed the forecaster the demand
+behind the decision. The engine (live ticks and a warm start's replay), the simulator's scaler row
+and the benches all call a `Decider`, so what the bench measures is what serves KEDA, not a copy of
+it.
+
+A `Decider` owns what a workload carries between ticks: the `PolicyState` (the policy's windows,
+the replicas asked and not yet ready, the closed-loop headroom) and its forecast seat: a row of a
+`ForecastBank` shared with other workloads (the engine's `ForecastBanks`; a decider built alone
+gets banks of its own), or, while `replaying` history, a `NeedForecast` of its own that then joins
+the bank holding what a live row would hold (`ForecastBank.adopt`).
+
+Synchronous and without I/O or a clock: time is an argument, and the caller schedules the ticks
+(the engine on its tick grid, the simulator on its step). The policy state is a value (`state`)
+that can be handed out and taken back; the forecast seat is not (a bank row is shared), so it
+stays with the decider until `release`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from gpu_queue_scaler.decision.bank import BankedForecast, ForecastBanks
+from gpu_queue_scaler.decision.outlook import NeedForecast, Outlook
+from gpu_queue_scaler.decision.policy import Decision, PolicyState, Reason, decide, hold
+from gpu_queue_scaler.settings.fields import BY_KEY
+from gpu_queue_scaler.settings.spec import WorkloadSpec
+from gpu_queue_scaler.signals import Signal
+
+DEFAULT_STALE_S = float(BY_KEY["staleTargetSeconds"].default)  # as ServerSettings' default
+
+
+class Decider:
+    """A workload's decision state and forecast seat; `tick` is one evaluation.
+
+    `spec` and `stale_s` may change between ticks (a trigger edit, a ConfigMap reload): set them
+    with `configure`; the forecast seat follows the spec's forecast settings at the next tick."""
+
+    def __init__(
+        self,
+        spec: WorkloadSpec,
+        banks: ForecastBanks | None = None,
+        stale_s: float = DEFAULT_STALE_S,
+        state: PolicyState | None = None,
+    ) -> None:
+        self.spec = spec
+        self.stale_s = stale_s
+        self.state = state if state is not None else PolicyState()
+        self.banks = banks if banks is not None else ForecastBanks()
+        self.forecast: BankedForecast | NeedForecast | None = None
+        self._replaying = False
+
+    def configure(self, spec: WorkloadSpec, stale_s: float) -> None:
+        """The spec and stale target for the next ticks (the state carries over)."""
+        self.spec = spec
+        self.stale_s = stale_s
+
+    # --- one tick ------------------------------------------------------------------------------
+
+    def tick(
+        self,
+        signal: Signal | None,
+        at: float,
+        *,
+        faults: tuple[str, ...] = (),
+        explain: bool = True,
+    ) -> Decision | None:
+        """Decide tick `at` from `signal` (None: no signal, the last decision is held), carry the
+        state to the next tick and feed the forecaster. `explain=False` leaves the decision's
+        detail empty (a replay's decisions are read by no one but the next tick)."""
+        decision, self.state = decide(
+            self.spec,
+            signal,
+            self.state,
+            at,
+            self.stale_s,
+            faults,
+            outlook=self.outlook(),
+            explain=explain,
+        )
+        self.learn(at, decision)
+        return decision
+
+    def hold(self, at: float, faults: tuple[str, ...]) -> Decision | None:
+        """The read failed: hold the last good decision (fail static), or None once it is older
+        than the stale target. Nothing is learnt and the state does not change."""
+        return hold(self.state, at, self.stale_s, faults)
+
+    def replay(self, signals: Iterable[Signal]) -> Decision | None:
+        """Decide every signal at its own time, as live ticks would have (a warm start), and
+        return the last decision. Callers that must yield between ticks (the engine) use
+        `replaying` and `tick(..., explain=False)` themselves: the same steps."""
+        decision = None
+        with self.replaying():
+            for signal in signals:
+                decision = self.tick(signal, signal.at, explain=False)
+        return decision
+
+    # --- the forecast seat ---------------------------------------------------------------------
+
+    def outlook(self) -> Outlook | None:
+        """The current forecast outlook (None with forecasting off); the seat is taken on first
+        use and taken again when the forecast's step, horizon or season change."""
+        spec = self.spec
+        if not spec.forecast:
+            self.release()
+            return None
+        shape = (spec.forecast_step_s, spec.horizon_s, spec.season_period_s)
+        current = self.forecast
+        if current is None or (current.step_s, current.horizon_s, current.period_s) != shape:
+            self.release()
+            current = self.forecast = (
+                NeedForecast(*shape) if self._replaying else self.banks.join(*shape)
+            )
+        return current.outlook
+
+    def learn(self, at: float, decision: Decision | None) -> None:
+        """Feed the demand behind a fresh decision (not a held one) to the forecaster: the
+        offered load when it is known (`capacity.offered`), else the need. The need of a queued
+        fleet depends on the fleet itself (a short fleet queues, then drains), the offered load
+        does not, and that is what is ahead of us to forecast."""
+        if self.forecast is not None and self.spec.forecast:
+            value = None
+            if decision is not None and decision.reason is not Reason.HOLD:
+                value = decision.demand
+            self.forecast.observe(at, value)
+
+    def release(self) -> None:
+        """Give the forecast's bank row back (the workload is gone, or its forecast settings
+        changed or turned off)."""
+        if isinstance(self.forecast, BankedForecast):
+            self.forecast.release()
+        self.forecast = None
+
+    @contextmanager
+    def replaying(self) -> Iterator[None]:
+        """Replay history: it is older than the bank's open bin, so the forecast learns it on a
+        `NeedForecast` of its own, which then joins the bank (`ForecastBank.adopt`) holding what
+        a row live all along would hold."""
+        self.release()
+        self._replaying = True
+        try:
+            yield
+        finally:
+            self._replaying = False
+            private = self.forecast
+            if isinstance(private, NeedForecast):
+                seat = self.banks.join(private.step_s, private.horizon_s, private.period_s)
+                seat.adopt(private)
+                self.forecast = seat

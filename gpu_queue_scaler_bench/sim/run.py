@@ -1,0 +1,536 @@
+"""The simulation loop: one fixed-step run per policy, same requests, same seed, same start.
+
+Why a fixed step: every controller in the loop (KEDA's 30 s poll, the HPA's 15 s sync, the
+scaler's 5 s evaluation, Karpenter, the servers) acts on a clock anyway; a step of `dt` (1 s by
+default) with per-request work vectorised keeps a one-hour trace at tens of GPUs for five policies
+well under a minute, and every loop has a bound. Step k covers [k dt, (k + 1) dt): the cluster
+advances (nodes, model loads, drains, consolidation, billing), the fleet admits and serves, then
+the policy sees the end-of-step state and may change the Deployment's replica count.
+
+Every run starts warm: the first `warm_window_s` of the trace is replayed once before t = 0 (a
+pre-roll, unbilled and unmeasured) on the starting fleet, so at t = 0 queues, rate windows, the
+HPA's recommendations and the scaler's stabilization window hold a real history, as they do in a
+cluster that was already running (the scaler's engine replays Prometheus history for the same
+reason). After the trace ends the run keeps serving (unbilled) for up to `drain_s` so requests in
+flight finish; whatever is still queued or running then counts as dropped. Billing covers the
+trace's span.
+
+With `SimConfig.companion` three rows follow the scaler's: `scaler+companion` (the scaler as
+configured, forecast off by default, plus the Karpenter companion: placeholders for its target and
+pod-deletion-cost packing; the product's default), `scaler+forecast` (the scaler with
+forecast=on) and `scaler+prewarm` (the same plus the companion: placeholders for the forecast,
+and packing; `gpu_queue_scaler_bench.sim.prewarm`), so the effect of the companion, the forecast and
+the pre-warm each show.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpu_queue_scaler_bench.sim.cluster import WHEN_UNDERUTILIZED, Cluster, ClusterConfig
+from gpu_queue_scaler_bench.sim.fleet import Fleet, StepStats
+from gpu_queue_scaler_bench.sim.policies import (
+    KEDA_INFLIGHT,
+    KEDA_INFLIGHT_BEST,
+    KEDA_INFLIGHT_SHARE,
+    KEDA_INFLIGHT_SWEEP,
+    NAMES,
+    AlwaysOn,
+    HpaGpuUtil,
+    KedaInflight,
+    KedaPrometheus,
+    Oracle,
+    Policy,
+    ScalerPolicy,
+    bump_need,
+    keda_inflight_threshold,
+    keda_threshold,
+    oracle_need,
+    oracle_schedule,
+    replica_slots,
+    scaler_metadata,
+)
+from gpu_queue_scaler_bench.sim.prewarm import COMPANION, FORECAST, PREWARM, Prewarm, with_forecast
+from gpu_queue_scaler_bench.sim.profiles import Profile, ServiceProfile
+from gpu_queue_scaler_bench.sim.workload import Requests
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+# The table's rows: the policies, with the companion and forecast rows before the oracle.
+ROWS = (*NAMES[:-1], COMPANION, FORECAST, PREWARM, NAMES[-1])
+Progress = Callable[[int], None]
+
+
+class SimulationError(RuntimeError):
+    """A sanity check failed: a bug in the simulator, not a finding about a policy."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    profile: Profile
+    cold_start_s: float = 180.0  # node launch + model load for a replica that needs a new node
+    slo_s: float = 2.0  # queue wait and TTFT objective
+    dt: float = 1.0
+    seed: int = 0
+    max_wait_s: float = 600.0  # a client gives up after this long in the queue (dropped)
+    drain_s: float = 900.0
+    consolidate_after_s: float = 60.0  # the NodePool's consolidateAfter
+    # NodePool spec.disruption.consolidationPolicy: WhenEmptyOrUnderutilized is Karpenter v1's
+    # default and what its docs' NodePools set, so what most clusters run
+    # (gpu_queue_scaler_bench.sim.cluster).
+    consolidation: str = WHEN_UNDERUTILIZED
+    # The Deployment's terminationGracePeriodSeconds: a deleted or evicted pod stops getting
+    # requests and drains its running ones for this long, then SIGKILL drops what is left (as
+    # Kubernetes does). Kubernetes' default is 30 s; inference servers are given longer to
+    # drain (NVIDIA Dynamo's graceful-shutdown guide: 60 s default, 180 s in its example), so
+    # 180 s here. Only the oracle, with foresight, never deletes a pod that would not drain.
+    termination_grace_s: float = 180.0
+    warm_window_s: float = 300.0  # the starting fleet covers the oracle's need over this span
+    oracle_iterations: int = 8  # refinements of the oracle's schedule (bounded)
+    # The oracle's sanity check: it must reach this attainment with no request dropped, or the
+    # run fails (SimulationError): a floor that misses the SLO judges nothing.
+    oracle_min_attainment: float = 0.999
+    max_replicas: int | None = None  # default: twice the always-on fleet
+    scaler_metadata: Mapping[str, str] = field(default_factory=dict)  # extra trigger keys
+    policies: tuple[str, ...] = NAMES
+    # Also run the scaler with the Karpenter companion (scaler+companion), and with forecast=on
+    # alone and with the companion pre-warming nodes (scaler+forecast, scaler+prewarm); the
+    # companion also packs scale-downs with pod-deletion-cost (gpu_queue_scaler_bench.sim.prewarm).
+    companion: bool = False
+    # The price of a node-hour instead of the profile's on-demand price (e.g. a Spot price read
+    # off the EC2 Spot price history for your zone).
+    node_usd_per_hour: float | None = None
+
+    @property
+    def usd_per_node_hour(self) -> float:
+        if self.node_usd_per_hour is not None:
+            return self.node_usd_per_hour
+        return self.profile.node.on_demand_usd_per_hour
+
+    @property
+    def model_load_s(self) -> float:
+        return min(self.profile.service.model_load_s, self.cold_start_s)
+
+    @property
+    def node_launch_s(self) -> float:
+        return self.cold_start_s - self.model_load_s
+
+
+@dataclass
+class PolicyRun:
+    """One policy's outcome: per-request times and the fleet over time."""
+
+    name: str
+    arrivals_s: FloatArray
+    admit_t: FloatArray
+    first_token_t: FloatArray
+    finish_t: FloatArray
+    dropped: NDArray[np.bool_]
+    gpu_seconds: float
+    zero_node_seconds: float
+    scale_events: int
+    replicas: IntArray  # Deployment replicas at the end of each step
+    ready: IntArray
+    nodes: IntArray
+    waiting: IntArray
+    gpus_per_node: int
+    usd_per_node_hour: float
+    notes: list[str] = field(default_factory=list)
+    # creation -> ready of each pod created during the trace (what a scale-up waits)
+    replica_starts_s: FloatArray = field(default_factory=lambda: np.zeros(0))
+    # first arrival at zero serving replicas -> a replica serving, per scale-from-zero episode
+    zero_waits_s: FloatArray = field(default_factory=lambda: np.zeros(0))
+    evictions: int = 0  # pods WhenEmptyOrUnderutilized consolidation evicted (each restarted)
+
+    @property
+    def queue_wait_s(self) -> FloatArray:
+        return self.admit_t - self.arrivals_s
+
+    @property
+    def ttft_s(self) -> FloatArray:
+        return self.first_token_t - self.arrivals_s
+
+
+@dataclass
+class BenchResult:
+    trace: str
+    scale: float
+    config: SimConfig
+    requests: Requests
+    runs: list[PolicyRun]
+    slots: int
+    target_concurrency: float
+    always_on_replicas: int
+    initial_replicas: int
+    dt: float
+    notes: list[str] = field(default_factory=list)
+    max_replicas: int = 0
+    scaler_metadata: dict[str, str] = field(default_factory=dict)  # the scaler's trigger
+    full_stack: dict[str, object] | None = None  # what the full-stack replay measured
+
+
+class Simulation:
+    """One policy's run, step by step: `simulate` drives it in a plain loop; the full-stack
+    replay (`gpu_queue_scaler_bench.sim.fullstack`) awaits the real gRPC server between steps."""
+
+    def __init__(self, requests: Requests, cfg: SimConfig, initial_replicas: int) -> None:
+        dt = cfg.dt
+        self.requests = requests
+        self.cfg = cfg
+        self.dt = dt
+        self.trace_steps = math.ceil(requests.duration_s / dt)
+        self.pre_steps = math.ceil(min(cfg.warm_window_s, requests.duration_s) / dt)
+        self.pre_s = self.pre_steps * dt
+        self.replay = with_preroll(requests, self.pre_s)
+        self.n_pre = self.replay.count - requests.count
+        self.max_steps = self.pre_steps + self.trace_steps + math.ceil(cfg.drain_s / dt)
+        svc, node = cfg.profile.service, cfg.profile.node
+        self.fleet = Fleet(self.replay, svc, dt, self.max_steps, cfg.max_wait_s)
+        self.cluster = Cluster(
+            ClusterConfig(
+                node=node,
+                node_launch_s=cfg.node_launch_s,
+                model_load_s=cfg.model_load_s,
+                consolidate_after_s=cfg.consolidate_after_s,
+                termination_grace_s=cfg.termination_grace_s,
+                consolidation=cfg.consolidation,
+            )
+        )
+        self.cluster.warm(initial_replicas, -self.pre_s)
+        self.series = np.zeros((4, self.max_steps), dtype=np.int64)
+        self.zero_waits: list[float] = []
+        self._zero_from: float | None = None  # first arrival while nothing serves
+        self.events = 0
+        self.k = 0  # the next step
+        self.done = False
+
+    def time(self, k: int) -> float:
+        """Trace time at the start of step k (negative during the pre-roll)."""
+        return (k - self.pre_steps) * self.dt
+
+    def advance(self) -> tuple[float, StepStats]:
+        """Run step k: the cluster, then the fleet. Returns the step's end time and stats."""
+        t = self.time(self.k)
+        cluster, fleet = self.cluster, self.fleet
+        draining = cluster.draining()
+        running = dict(
+            zip(draining.tolist(), fleet.running_per_pod(draining).tolist(), strict=True)
+        )
+        billed = self.pre_steps <= self.k < self.pre_steps + self.trace_steps
+        killed = cluster.tick(t, self.dt if billed else 0.0, running)
+        fleet.kill(killed)
+        serving = cluster.serving()
+        if t >= 0.0:
+            self._watch_zero(t, serving.size)
+        return t + self.dt, fleet.step(t, serving)
+
+    def _watch_zero(self, t: float, serving: int) -> None:
+        """Scale-from-zero episodes on the step clock: a request arriving in [t, t + dt) with
+        nothing serving opens one; the first step with a replica serving closes it."""
+        if serving:
+            if self._zero_from is not None:
+                self.zero_waits.append(t - self._zero_from)
+                self._zero_from = None
+        elif self._zero_from is None:
+            arrivals = self.requests.arrivals_s
+            i = int(np.searchsorted(arrivals, t, side="left"))
+            if i < arrivals.size and arrivals[i] < t + self.dt:
+                self._zero_from = float(arrivals[i])
+
+    def apply(self, at: float, wanted: int | None, stats: StepStats) -> None:
+        """The policy's answer after step k (at its end, `at`); then the next step."""
+        cluster, k = self.cluster, self.k
+        if wanted is not None and wanted != cluster.replicas:
+            cluster.scale_to(at, wanted)
+            self.events += 1
+        self.series[:, k] = (cluster.replicas, cluster.ready, cluster.live_nodes, stats.waiting)
+        self.k = k + 1
+        fleet = self.fleet
+        self.done = self.k >= self.max_steps or (
+            k >= self.pre_steps + self.trace_steps
+            and fleet.head >= self.replay.count
+            and fleet.running == 0
+        )
+
+    def result(self, name: str) -> PolicyRun:
+        """The run's outcome; whatever is still queued or running counts as dropped."""
+        fleet, cfg = self.fleet, self.cfg
+        unfinished = ~np.isfinite(fleet.finish_t) & ~fleet.dropped
+        fleet.dropped[unfinished] = True
+        fleet.admit_t[fleet.dropped] = np.nan
+        fleet.first_token_t[fleet.dropped] = np.nan
+        fleet.finish_t[fleet.dropped] = np.nan
+        completed = int(np.isfinite(fleet.finish_t).sum())
+        if completed + int(fleet.dropped.sum()) != self.replay.count:
+            raise SimulationError(
+                f"{name}: {completed} completed + {int(fleet.dropped.sum())} dropped != "
+                f"{self.replay.count} requests"
+            )
+        measured = slice(self.n_pre, None)
+        starts = np.asarray(self.cluster.starts, dtype=np.float64).reshape(-1, 2)
+        created = (starts[:, 0] >= 0.0) & (starts[:, 0] < self.requests.duration_s)
+        kept = slice(self.pre_steps, max(self.k, self.pre_steps))
+        return PolicyRun(
+            name=name,
+            arrivals_s=self.requests.arrivals_s,
+            admit_t=fleet.admit_t[measured],
+            first_token_t=fleet.first_token_t[measured],
+            finish_t=fleet.finish_t[measured],
+            dropped=fleet.dropped[measured],
+            gpu_seconds=self.cluster.gpu_seconds,
+            zero_node_seconds=self.cluster.zero_node_seconds,
+            scale_events=self.events,
+            replicas=self.series[0, kept],
+            ready=self.series[1, kept],
+            nodes=self.series[2, kept],
+            waiting=self.series[3, kept],
+            gpus_per_node=cfg.profile.node.gpus,
+            usd_per_node_hour=cfg.usd_per_node_hour,
+            replica_starts_s=starts[created, 1] - starts[created, 0],
+            zero_waits_s=np.asarray(self.zero_waits, dtype=np.float64),
+            evictions=self.cluster.evictions,
+        )
+
+
+def simulate(
+    policy: Policy,
+    requests: Requests,
+    cfg: SimConfig,
+    initial_replicas: int,
+    progress: Progress | None = None,
+) -> PolicyRun:
+    """Run one policy over the whole trace (plus the drain) from a warm fleet."""
+    sim = Simulation(requests, cfg, initial_replicas)
+    reported = 0
+    for _ in range(sim.max_steps):
+        at, stats = sim.advance()
+        sim.apply(at, policy.act(at, sim.fleet, sim.cluster, stats), stats)
+        if progress is not None and sim.k - reported >= 100:
+            progress(sim.k - reported)
+            reported = sim.k
+        if sim.done:
+            break
+    if progress is not None:
+        progress(sim.max_steps - reported)  # the bar's full share
+    return sim.result(policy.name)
+
+
+def with_preroll(requests: Requests, pre_s: float) -> Requests:
+    """The requests with the trace's first `pre_s` seconds replayed once before t = 0."""
+    if pre_s <= 0:
+        return requests
+    first = requests.arrivals_s < pre_s
+    return Requests(
+        arrivals_s=np.concatenate([requests.arrivals_s[first] - pre_s, requests.arrivals_s]),
+        input_tokens=np.concatenate([requests.input_tokens[first], requests.input_tokens]),
+        output_tokens=np.concatenate([requests.output_tokens[first], requests.output_tokens]),
+        duration_s=requests.duration_s,
+        name=requests.name,
+    )
+
+
+def _late(run: PolicyRun, slo_s: float) -> NDArray[np.bool_]:
+    wait = run.queue_wait_s
+    return run.dropped | ~(np.nan_to_num(wait, nan=np.inf) <= slo_s + 1e-9)
+
+
+def _late_steps(run: PolicyRun, slo_s: float, dt: float, origin_s: float = 0.0) -> IntArray:
+    """Steps (of a timeline starting at `origin_s`) where a request arrived that was late."""
+    return ((run.arrivals_s[_late(run, slo_s)] - origin_s) // dt).astype(np.int64)
+
+
+def attainment(run: PolicyRun, slo_s: float) -> float:
+    """Share of the run's requests admitted within the SLO (dropped ones are misses)."""
+    n = run.arrivals_s.size
+    return 1.0 - float(_late(run, slo_s).sum()) / n if n else 1.0
+
+
+def pick_best(runs: Mapping[float, PolicyRun], slo_s: float, target: float) -> float:
+    """The hindsight pick of a threshold sweep: the fewest GPU-hours among the runs that reach
+    `target` attainment, else the highest attainment (ties: fewer GPU-hours)."""
+    meeting = [share for share, run in runs.items() if attainment(run, slo_s) >= target]
+    if meeting:
+        return min(meeting, key=lambda share: (runs[share].gpu_seconds, share))
+    return max(runs, key=lambda share: (attainment(runs[share], slo_s), -runs[share].gpu_seconds))
+
+
+SWEEP_TARGET = 0.99  # the attainment the hindsight KEDA pick must reach (the goals' target)
+
+
+TOKEN_LOAD = 0.85  # the share of a replica's GPU time the scaler's token term aims at
+
+
+def token_capacities(svc: ServiceProfile, target_concurrency: float) -> dict[str, str]:
+    """What a user would read off a load test of one replica (`scaler bench loadgen`): prompt
+    tokens prefilled and tokens generated per second at the target load, here from the profile
+    (prefill at its rate; decode one token per running request per iteration at
+    `targetConcurrency`), at TOKEN_LOAD of the GPU."""
+    decode = target_concurrency / svc.decode_step_s(target_concurrency)
+    return {
+        "prefillTokensPerSecond": f"{TOKEN_LOAD * svc.prefill_tokens_per_s:.6g}",
+        "decodeTokensPerSecond": f"{TOKEN_LOAD * decode:.6g}",
+    }
+
+
+def run_bench(
+    requests: Requests, cfg: SimConfig, scale: float = 1.0, progress: Progress | None = None
+) -> BenchResult:
+    """Every policy in `cfg.policies` on the same requests, the oracle first (it sizes the
+    always-on fleet and the warm start)."""
+    unknown = [name for name in cfg.policies if name not in NAMES]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; known: {', '.join(NAMES)}")
+    if requests.count == 0:
+        raise ValueError(f"{requests.name}: no requests to replay")
+    dt = cfg.dt
+    trace_steps = math.ceil(requests.duration_s / dt)
+    svc = cfg.profile.service
+    slots = replica_slots(requests, svc)
+    lead = math.ceil(cfg.cold_start_s / dt) + 1
+    # The oracle's timeline is the simulation's: the pre-roll, the trace, the drain; so the
+    # warm-up's requests still in flight at t = 0, and the trace's last ones, are in its need.
+    pre_steps = math.ceil(min(cfg.warm_window_s, requests.duration_s) / dt)
+    origin = -pre_steps * dt
+    timeline = pre_steps + trace_steps + math.ceil(cfg.drain_s / dt)
+    replayed = with_preroll(requests, -origin)
+    need = oracle_need(replayed, svc, dt, timeline, slots, origin_s=origin, slo_s=cfg.slo_s)
+    warm_steps = max(1, pre_steps)
+    initial = max(1, int(oracle_schedule(need, lead)[:warm_steps].max()))
+    notes: list[str] = []
+    runs: dict[str, PolicyRun] = {}
+    if "oracle" in cfg.policies:
+        runs["oracle"], need = _oracle(requests, cfg, need, lead, origin, initial, progress)
+    peak = max(1, int(need[pre_steps : pre_steps + trace_steps].max(initial=1)))
+    max_replicas = cfg.max_replicas or max(2 * peak, initial)
+    target = max(1.0, math.floor(0.8 * slots))
+    metadata = scaler_metadata(
+        target,
+        cfg.slo_s,
+        cfg.cold_start_s,
+        max_replicas,
+        {**token_capacities(svc, target), **cfg.scaler_metadata},
+    )
+    factories: dict[str, Callable[[], Policy]] = {
+        "always-on": lambda: AlwaysOn(peak),
+        "hpa-gpu-util": lambda: HpaGpuUtil(max_replicas),
+        "keda-prometheus": lambda: KedaPrometheus(max_replicas, keda_threshold(slots)),
+        KEDA_INFLIGHT: lambda: KedaInflight(
+            max_replicas, keda_inflight_threshold(slots, KEDA_INFLIGHT_SHARE)
+        ),
+        "scaler": lambda: ScalerPolicy(metadata),
+    }
+    for name in cfg.policies:
+        if name in ("oracle", KEDA_INFLIGHT_BEST):
+            continue
+        start = peak if name == "always-on" else initial
+        runs[name] = simulate(factories[name](), requests, cfg, start, progress)
+    if KEDA_INFLIGHT_BEST in cfg.policies:
+        sweep: dict[float, PolicyRun] = {}
+        for share in KEDA_INFLIGHT_SWEEP:
+            if share == KEDA_INFLIGHT_SHARE and KEDA_INFLIGHT in runs:
+                sweep[share] = runs[KEDA_INFLIGHT]
+                continue
+            policy = KedaInflight(max_replicas, keda_inflight_threshold(slots, share))
+            sweep[share] = simulate(policy, requests, cfg, initial, progress)
+        share = pick_best(sweep, cfg.slo_s, SWEEP_TARGET)
+        runs[KEDA_INFLIGHT_BEST] = dataclasses.replace(sweep[share], name=KEDA_INFLIGHT_BEST)
+        tried = ", ".join(
+            f"{s:.0%} {attainment(r, cfg.slo_s):.3f}/{r.gpu_seconds / 3600:.1f}"
+            for s, r in sweep.items()
+        )
+        notes.append(
+            f"{KEDA_INFLIGHT_BEST}: threshold {share:.0%} of the replica's {slots} slots "
+            f"({keda_inflight_threshold(slots, share):g} requests in flight per replica), chosen "
+            f"after the runs: the fewest GPU-h at >= {SWEEP_TARGET} of requests within the "
+            f"SLO, else the highest share (sweep, attainment/GPU-h: {tried})"
+        )
+    for name, make in companion_rows(cfg, metadata).items():
+        runs[name] = simulate(make(), requests, cfg, initial, progress)
+    ordered = [runs[name] for name in ROWS if name in runs]
+    return BenchResult(
+        trace=requests.name,
+        scale=scale,
+        config=cfg,
+        requests=requests,
+        runs=ordered,
+        slots=slots,
+        target_concurrency=target,
+        always_on_replicas=peak,
+        initial_replicas=initial,
+        dt=dt,
+        notes=notes,
+        max_replicas=max_replicas,
+        scaler_metadata=metadata,
+    )
+
+
+def _oracle(
+    requests: Requests,
+    cfg: SimConfig,
+    need: IntArray,
+    lead: int,
+    origin: float,
+    initial: int,
+    progress: Progress | None,
+) -> tuple[PolicyRun, IntArray]:
+    """The oracle's run, its need refined (`bump_need`) where a request was late until it meets
+    `cfg.oracle_min_attainment` with nothing dropped (at most `oracle_iterations` times); it
+    must, or the bench fails its own sanity check."""
+    dt = cfg.dt
+    run: PolicyRun | None = None
+    for i in range(max(1, cfg.oracle_iterations + 1)):
+        schedule = oracle_schedule(need, lead)
+        oracle = Oracle(schedule, dt, origin_s=origin, grace_s=cfg.termination_grace_s)
+        run = simulate(oracle, requests, cfg, initial, progress)
+        late = _late_steps(run, cfg.slo_s, dt, origin)
+        met = attainment(run, cfg.slo_s) >= cfg.oracle_min_attainment
+        if late.size == 0 or (met and not run.dropped.any()):
+            break
+        if i < cfg.oracle_iterations:
+            need = bump_need(need, late, max(1, math.ceil(30.0 / dt)))
+    assert run is not None
+    reached = attainment(run, cfg.slo_s)
+    dropped = int(run.dropped.sum())
+    if reached < cfg.oracle_min_attainment or dropped:
+        late = np.flatnonzero(_late(run, cfg.slo_s))
+        first = f"; first late at t = {run.arrivals_s[late[0]]:.0f} s" if late.size else ""
+        raise SimulationError(
+            f"{requests.name}: the oracle reached {reached:.4f} of requests within the SLO "
+            f"(needs >= {cfg.oracle_min_attainment}) with {dropped} dropped after "
+            f"{cfg.oracle_iterations} refinements{first}: not a floor that meets the SLO"
+        )
+    return run, need
+
+
+def companion_rows(cfg: SimConfig, metadata: Mapping[str, str]) -> dict[str, Callable[[], Policy]]:
+    """The companion mode's rows: the scaler as configured with the companion (its default
+    metadata: forecast off), then the scaler with forecast=on without and with the companion.
+    When the configured scaler already forecasts, scaler+companion would repeat scaler+prewarm
+    and is left out, and so is scaler+forecast if the plain scaler row runs (it would repeat it)."""
+    if not cfg.companion:
+        return {}
+    forecasting = {**metadata, "forecast": "on"}
+    rows: dict[str, Callable[[], Policy]] = {}
+    if metadata.get("forecast") != "on":
+        rows[COMPANION] = lambda: Prewarm(ScalerPolicy(metadata), name=COMPANION)
+    if metadata.get("forecast") != "on" or "scaler" not in cfg.policies:
+        rows[FORECAST] = lambda: with_forecast(ScalerPolicy(forecasting))
+    rows[PREWARM] = lambda: Prewarm(ScalerPolicy(forecasting))
+    return rows
+
+
+def total_steps(requests: Requests, cfg: SimConfig) -> int:
+    """Steps a full bench may take (for a progress bar): every policy, the oracle's refinements."""
+    pre = math.ceil(min(cfg.warm_window_s, requests.duration_s) / cfg.dt)
+    per_run = pre + math.ceil(requests.duration_s / cfg.dt) + math.ceil(cfg.drain_s / cfg.dt)
+    runs = len(cfg.policies) + (cfg.oracle_iterations if "oracle" in cfg.policies else 0)
+    if KEDA_INFLIGHT_BEST in cfg.policies:
+        runs += len(KEDA_INFLIGHT_SWEEP) - 1 - (KEDA_INFLIGHT in cfg.policies)
+    runs += len(companion_rows(cfg, cfg.scaler_metadata))
+    return per_run * runs

@@ -1,0 +1,1 @@
+"""The layers' own tests: settings, signals, sources' parsing and reads, forecast, decision."""

@@ -1,0 +1,186 @@
+"""The capacity model: each term on worked numbers, which term wins, and missing stays missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_queue_scaler.decision.capacity import (
+    CapacitySpec,
+    Fleet,
+    backlog_ahead,
+    loaded_service_time,
+    need,
+)
+from gpu_queue_scaler.signals import Signal
+
+
+def signal(**values: float | None) -> Signal:
+    return Signal(at=0.0, source="test", **values)  # type: ignore[arg-type]
+
+
+def test_concurrency_term():
+    found = need(signal(running=12, waiting=20), CapacitySpec(target_concurrency=8))
+    assert found is not None
+    assert (found.replicas, found.term) == (4.0, "concurrency")
+
+
+def test_littles_law_leads_the_queue_with_a_known_service_time():
+    # 10 req/s x 4 s each = 40 slots / 8 per replica = 5 replicas, while only 16 are in flight.
+    spec = CapacitySpec(target_concurrency=8, service_time_s=4.0)
+    found = need(signal(running=16, waiting=0, arrival_rate=10.0), spec)
+    assert found is not None
+    assert (found.replicas, found.term) == (5.0, "littles_law")
+    assert found.terms["concurrency"] == 2.0
+
+
+def test_measured_service_time_never_exceeds_the_concurrency_term():
+    found = need(
+        signal(running=16, waiting=4, arrival_rate=4.0), CapacitySpec(target_concurrency=8)
+    )
+    assert found is not None
+    assert found.terms["littles_law"] == pytest.approx(2.0)  # S = 16 / 4 = 4 s
+    assert found.term == "concurrency"
+
+
+def test_queue_slo_breach_adds_what_drains_the_queue_within_the_slo():
+    # p99 queue time 6 s > SLO 2 s: serve 10 req/s and drain 30 queued in 2 s -> 25 req/s,
+    # x S = 1 s / 4 per replica = 6.25 replicas.
+    spec = CapacitySpec(target_concurrency=4, service_time_s=1.0, queue_time_slo_s=2.0)
+    found = need(signal(running=8, waiting=30, arrival_rate=10.0, queue_time_p99_s=6.0), spec)
+    assert found is not None
+    assert (found.replicas, found.term) == (pytest.approx(9.5), "concurrency")  # 38 / 4
+    assert found.terms["queue_slo"] == pytest.approx(6.25)
+    fast = need(signal(running=8, waiting=30, arrival_rate=10.0, queue_time_p99_s=1.0), spec)
+    assert fast is not None and "queue_slo" not in fast.terms  # within the SLO: no term
+
+
+def test_queue_slo_term_wins_when_the_queue_is_long_and_slow():
+    spec = CapacitySpec(target_concurrency=16, service_time_s=2.0, queue_time_slo_s=1.0)
+    found = need(signal(running=16, waiting=40, arrival_rate=8.0, queue_time_mean_s=5.0), spec)
+    assert found is not None
+    assert found.term == "queue_slo"
+    assert found.replicas == pytest.approx((8.0 + 40 / 1.0) * 2.0 / 16)
+
+
+def test_kv_cache_pressure_raises_the_need():
+    spec = CapacitySpec(target_concurrency=16, kv_cache_target=0.8)
+    found = need(signal(running=8, waiting=0, kv_cache_usage=1.0, ready_pods=4), spec)
+    assert found is not None
+    assert (found.replicas, found.term) == (5.0, "kv_cache")  # 4 pods x 1.0 / 0.8
+    calm = need(signal(running=8, waiting=0, kv_cache_usage=0.5, ready_pods=4), spec)
+    assert calm is not None and calm.term == "concurrency"
+
+
+def test_missing_is_missing():
+    assert need(signal(), CapacitySpec(target_concurrency=8)) is None
+    only_arrivals = need(signal(arrival_rate=3.0), CapacitySpec(target_concurrency=8))
+    assert only_arrivals is None  # no service time known: arrivals alone give no replicas
+    with_s = need(signal(arrival_rate=3.0), CapacitySpec(target_concurrency=8, service_time_s=8))
+    assert with_s is not None and with_s.replicas == 3.0
+
+
+def test_tiny_arrival_rate_does_not_blow_up_the_service_time():
+    found = need(signal(running=2.0, waiting=0.0, arrival_rate=1e-300), CapacitySpec(0.1))
+    assert found is not None
+    assert found.replicas == 20.0 and "littles_law" not in found.terms
+
+
+# --- the queue where a replica asked now will find it (capacity.Fleet) ------------------------
+
+
+def test_queue_term_counts_the_backlog_a_new_replica_would_find():
+    # 2 ready x 8 slots / S = 2 s -> 8 req/s served; 20 req/s arrive; 3 more replicas asked,
+    # serving in 60 s; H = 210 s. Until then the queue grows 12/s: 100 + 720 = 820. Then
+    # 5 x 4 = 20 req/s served = arrivals: it stays at 820, drained over H on top of the flow.
+    spec = CapacitySpec(target_concurrency=8)
+    fleet = Fleet(horizon_s=210, ready=2, pending=3, pending_in_s=60)
+    found = need(
+        signal(running=16, waiting=100, arrival_rate=20.0, service_time_s=2.0), spec, fleet
+    )
+    assert found is not None and found.term == "queue"
+    ahead = backlog_ahead(signal(waiting=100, arrival_rate=20.0), 8, 2.0, fleet)
+    assert (ahead.pending_meet, ahead.new_meets) == (820, 820)
+    # Today's queue is the pending replicas' to drain: all 820 go over a horizon.
+    assert found.replicas == pytest.approx((20 * 2 + 820 * 2 / 210) / 8)
+    assert "concurrency" not in found.terms
+
+
+def test_a_queue_the_fleet_drains_before_a_new_replica_arrives_asks_for_nothing_more():
+    # 100 queued, 4 ready drain 16 req/s against 6 arriving: gone in 10 s, long before H.
+    spec = CapacitySpec(target_concurrency=8)
+    fleet = Fleet(horizon_s=210, ready=4)
+    loaded = signal(running=32, waiting=100, arrival_rate=6.0, service_time_s=2.0)
+    found = need(loaded, spec, fleet)
+    assert found is not None
+    assert found.terms["queue"] == pytest.approx(32 / 8)  # what runs now, not 132 / 8
+    reactive = need(loaded, spec)
+    assert reactive is not None and reactive.replicas == pytest.approx(132 / 8)
+
+
+def test_queue_term_needs_a_service_time_known_under_load():
+    spec = CapacitySpec(target_concurrency=8)
+    unknown = Fleet(horizon_s=210, ready=2)  # neither reported nor configured, and queued
+    found = need(signal(running=16, waiting=100, arrival_rate=20.0), spec, unknown)
+    assert found is not None and found.term == "concurrency"
+    configured = CapacitySpec(target_concurrency=8, service_time_s=2.0)
+    found = need(signal(running=16, waiting=100, arrival_rate=20.0), configured, unknown)
+    assert found is not None and found.term == "queue"
+
+
+def test_a_service_time_under_load_is_configured_reported_or_measured_unqueued():
+    spec = CapacitySpec(target_concurrency=8)
+    assert loaded_service_time(signal(running=8, waiting=0, arrival_rate=4.0), spec) == 2.0
+    queued = signal(running=16, waiting=30, arrival_rate=20.0)
+    assert loaded_service_time(queued, spec) is None  # 16 / 20 would understate S
+    assert loaded_service_time(signal(running=0.5, waiting=0, arrival_rate=4.0), spec) is None
+    assert loaded_service_time(signal(running=8, arrival_rate=4.0), spec) is None
+    reported = signal(running=16, waiting=30, arrival_rate=20.0, service_time_s=3.0)
+    assert loaded_service_time(reported, spec) == 3.0
+    configured = CapacitySpec(target_concurrency=8, service_time_s=1.5)
+    assert loaded_service_time(reported, configured) == 1.5
+
+
+def test_tokens_term_is_the_gpu_time_the_token_rates_take():
+    # Long prompts, short answers: 12 req/s x 1,500 prompt tokens = 18,000 tokens/s against
+    # 10,000 per replica = 1.8 replicas of prefill, + 12 x 13 = 156 generated tokens/s against
+    # 2,000 per replica; while only ~3 requests hold slots (S = 0.25 s).
+    spec = CapacitySpec(
+        target_concurrency=8, prefill_tokens_per_s=10_000, decode_tokens_per_s=2_000
+    )
+    prefill_bound = signal(
+        running=3,
+        waiting=0,
+        arrival_rate=12.0,
+        prompt_tokens_rate=18_000.0,
+        generation_tokens_rate=156.0,
+    )
+    found = need(prefill_bound, spec)
+    assert found is not None and found.term == "tokens"
+    assert found.replicas == pytest.approx(1.8 + 0.078)
+    assert found.terms["concurrency"] == pytest.approx(3 / 8)
+    # Without a configured capacity, or without the rates, there is no such term.
+    assert "tokens" not in need(prefill_bound, CapacitySpec(target_concurrency=8)).terms  # type: ignore[union-attr]
+    only_decode = need(signal(running=3, waiting=0, generation_tokens_rate=4_000.0), spec)
+    assert only_decode is not None and only_decode.terms["tokens"] == pytest.approx(2.0)
+
+
+def test_a_queue_the_fleet_cannot_drain_is_drained_within_one_service_time():
+    # A server whose own batch limit (2 running) is below targetConcurrency (4) is saturated
+    # there: 14 wait and do not drain. With nothing on its way, as the concurrency term would.
+    spec = CapacitySpec(target_concurrency=4)
+    fleet = Fleet(horizon_s=210, ready=1)
+    stuck = signal(running=2, waiting=14, arrival_rate=1.0, service_time_s=2.0)
+    found = need(stuck, spec, fleet)
+    assert found is not None and found.term == "queue"
+    assert found.replicas == pytest.approx((2 + 14) / 4)
+
+
+def test_a_saturated_fleet_whose_arrivals_match_its_throughput_keeps_its_queue():
+    # Arrivals within 10% of what the ready replicas complete: neither drains nor grows as far as
+    # the measurements can tell (a closed loop of clients). Today's queue is there to stay.
+    spec = CapacitySpec(target_concurrency=4)
+    fleet = Fleet(horizon_s=210, ready=1)
+    steady = signal(running=2, waiting=14, arrival_rate=1.05, service_time_s=2.0)  # 1.0 served
+    found = need(steady, spec, fleet)
+    # flow 1.05 x 2 s, today's 14 within one S, the 0.05/s x 210 s it grows by over a horizon
+    assert found is not None and found.replicas == pytest.approx((2.1 + 14 + 10.5 * 2 / 210) / 4)
