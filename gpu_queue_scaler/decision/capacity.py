@@ -117,15 +117,36 @@ def service_time(signal: Signal, spec: CapacitySpec) -> float | None:
 
 
 def offered(signal: Signal, spec: CapacitySpec, steady_s: float | None = None) -> float | None:
-    """Replicas the arrivals alone need, arrival_rate x S / targetConcurrency, with an S that
-    holds under load (`steady_s`, the policy's mean over minutes, else this signal's); None when
-    either is unknown. Unlike the need it does not depend on the fleet (a short fleet queues,
-    then drains), so it is the series worth forecasting."""
+    """Replicas the arrivals alone need: the larger of arrival_rate x S / targetConcurrency, with
+    an S that holds under load (`steady_s`, the policy's mean over minutes, else this signal's),
+    and the GPU time of their tokens (`token_work`); None when neither is known. Unlike the need
+    it does not depend on the fleet (a short fleet queues, then drains), so it is the series
+    worth forecasting. Both demand terms are in it: forecast from Little's law alone, a
+    prefill-heavy workload (the tokens term sets its need) would read its need as far above the
+    forecast on every tick, and panic."""
     s = steady_s if steady_s is not None else loaded_service_time(signal, spec)
-    if s is None or signal.arrival_rate is None:
-        return None
-    value = signal.arrival_rate * s / spec.target_concurrency
-    return value if math.isfinite(value) else None
+    value = None
+    if s is not None and signal.arrival_rate is not None:
+        flow = signal.arrival_rate * s / spec.target_concurrency
+        value = flow if math.isfinite(flow) else None
+    work = token_work(signal, spec)
+    if work is not None and math.isfinite(work) and (value is None or work > value):
+        value = work
+    return value
+
+
+def token_work(signal: Signal, spec: CapacitySpec) -> float | None:
+    """The `tokens` term: replicas of GPU time the token rates take, prompt tokens at the
+    prefill capacity plus generated ones at the decode capacity (None without a configured
+    capacity and its rate)."""
+    prompt, prefill = signal.prompt_tokens_rate, spec.prefill_tokens_per_s
+    generated, decode = signal.generation_tokens_rate, spec.decode_tokens_per_s
+    work = None
+    if prompt is not None and prefill is not None:
+        work = prompt / prefill
+    if generated is not None and decode is not None:
+        work = (work or 0.0) + generated / decode
+    return work
 
 
 def loaded_service_time(signal: Signal, spec: CapacitySpec) -> float | None:
@@ -298,13 +319,9 @@ def need(
     ):
         drain = (signal.arrival_rate or 0.0) + signal.waiting / spec.queue_time_slo_s
         terms["queue_slo"] = drain * s / per_replica
-    # Plain branches, not a comprehension over pairs: this runs on every tick and replayed tick.
-    prompt, prefill = signal.prompt_tokens_rate, spec.prefill_tokens_per_s
-    generated, decode = signal.generation_tokens_rate, spec.decode_tokens_per_s
-    if prompt is not None and prefill is not None:
-        terms["tokens"] = prompt / prefill
-    if generated is not None and decode is not None:
-        terms["tokens"] = terms.get("tokens", 0.0) + generated / decode
+    work = token_work(signal, spec)
+    if work is not None:
+        terms["tokens"] = work
     if (
         spec.kv_cache_target is not None
         and signal.kv_cache_usage is not None

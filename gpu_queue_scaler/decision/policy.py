@@ -1,6 +1,7 @@
 """Signals -> a replica target. Pure and deterministic: the decision is a value, time an argument.
 
-`decide(spec, signal, state, at, stale_s)` returns the new `Decision` and the next `PolicyState`;
+`decide(spec, signal, state, at, stale_s, faults, outlook, explain)` returns the new `Decision`
+(None: no decision can be made, KEDA's fallback applies) and the next `PolicyState`;
 it reads no clock and does no I/O, so the same inputs give the same answer on every scaler replica,
 and tests drive time explicitly.
 
@@ -27,8 +28,11 @@ The rule, in the order `decide` applies it (each step names itself as the decisi
    only after the idle window AND with a q90 forecast below one request does it drop to 0;
 6. scale_down_limit: at most scaleDownMaxPercent of the replicas removed per 60 s (not on the
    way to zero);
-7. min_bound / max_bound: clamped to [minReplicas, maxReplicas];
-8. hold (fail static): with no signal, or without a queue field the decision needs
+7. whole nodes: with replicasPerNode > 1 the target rounds up to a multiple of it (within
+   maxReplicas): a node is billed whole, so the replicas that fill one already asked for are
+   free headroom, and a scale-down that empties no node would save nothing;
+8. min_bound / max_bound: clamped to [minReplicas, maxReplicas];
+9. hold (fail static): with no signal, or without a queue field the decision needs
    (`missing_queue_fields`: read as 0 it would lower the target), the last decision is held
    (never lowered) for stale_s seconds, then there is no decision at all, so KEDA's
    `fallback` takes over.
@@ -109,7 +113,7 @@ class Reason(StrEnum):
 class Decision(NamedTuple):
     """What `decide` returned for one tick. A NamedTuple, not a frozen dataclass: one is built
     on every tick and every replayed one, and a frozen dataclass's __init__ (a guarded setattr
-    per field) costs ~3x as much (`bench/decide_cpu.py`)."""
+    per field) costs several times as much (`bench/decide_cpu.py`)."""
 
     workload: str  # namespace/name
     metric_name: str
@@ -439,8 +443,8 @@ def decide(
 ) -> tuple[Decision | None, PolicyState]:
     """The decision for tick `at` and the state for the next one. `explain=False` leaves the
     decision's `detail` empty and is otherwise the same decision: a warm start's replay, whose
-    decisions nobody reads but the next tick, skips formatting ~60 of them (a fifth of the
-    replay's CPU, `bench/decide_cpu.py`)."""
+    decisions nobody reads but the next tick, skips formatting them (a sizeable share of the
+    replay's CPU: `bench/decide_cpu.py`)."""
     if signal is None:
         return hold(state, at, stale_s, faults or ("no in-flight or arrival signal",)), state
     gone = missing_queue_fields(spec, signal, state)
@@ -560,7 +564,16 @@ def decide(
                     f"; at most {spec.scale_down_max_percent:g}% of {base} removed per "
                     f"{SCALE_DOWN_PERIOD_S:g}s -> {step_floor}"
                 )
-    # 6. Bounds.
+    # 6. Whole nodes: a node is billed whole, so what fills one already asked for is free, and a
+    #    scale-down that empties no node saves nothing (`replicasPerNode`).
+    per_node = spec.replicas_per_node
+    if per_node > 1 and target % per_node:
+        whole = min(spec.max_replicas, -(-target // per_node) * per_node)
+        if whole > target:
+            target = whole
+            if explain:
+                detail += f"; rounded up to whole nodes of {per_node} -> {target}"
+    # 7. Bounds.
     if target < spec.min_replicas:
         target, reason = spec.min_replicas, Reason.MIN_BOUND
         if explain:

@@ -574,6 +574,18 @@ FIELDS: tuple[Field, ...] = (
         "Highest replica target the scaler returns.",
     ),
     Field(
+        "replicasPerNode",
+        Scope.TUNING,
+        integer(1, 64),
+        1,
+        "an integer from 1 to 64",
+        "Replicas of this workload one GPU node holds (the node's GPUs / the GPUs one replica "
+        "uses), for a workload with its NodePool to itself. Targets are rounded up to whole "
+        "nodes: a node is billed whole, so the replicas that fill one already paid for cost "
+        "nothing and absorb bursts, and a scale-down that empties no node saves nothing until "
+        "Karpenter repacks it, which restarts the pods it moves. 1: no rounding.",
+    ),
+    Field(
         "coldStartSeconds",
         Scope.TUNING,
         real(0, 3600),

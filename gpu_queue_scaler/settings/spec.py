@@ -40,6 +40,7 @@ class WorkloadSpec:
     season_period_s: float | None
     scale_down_stabilization_s: float
     scale_down_max_percent: float
+    replicas_per_node: int
     panic_threshold: float
     scale_to_zero_idle_s: float
     server_address: str | None
@@ -125,6 +126,7 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
         season_period_s=merged["seasonPeriodSeconds"] or None,
         scale_down_stabilization_s=_scale_down_window(merged, given, horizon),
         scale_down_max_percent=merged["scaleDownMaxPercent"],
+        replicas_per_node=merged["replicasPerNode"],
         panic_threshold=merged["panicThreshold"],
         scale_to_zero_idle_s=merged["scaleToZeroIdleSeconds"],
         server_address=merged["serverAddress"],

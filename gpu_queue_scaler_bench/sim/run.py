@@ -414,7 +414,12 @@ def run_bench(
         cfg.slo_s,
         cfg.cold_start_s,
         max_replicas,
-        {**token_capacities(svc, target), **cfg.scaler_metadata},
+        {
+            **token_capacities(svc, target),
+            # One GPU per replica on nodes the workload has to itself (`replicasPerNode`).
+            "replicasPerNode": str(cfg.profile.node.gpus),
+            **cfg.scaler_metadata,
+        },
     )
     factories: dict[str, Callable[[], Policy]] = {
         "always-on": lambda: AlwaysOn(peak),

@@ -105,6 +105,21 @@ def test_the_scaler_spec_comes_from_trigger_metadata() -> None:
     assert policy.spec.max_replicas == 30
 
 
+def test_the_scaler_fills_the_nodes_it_pays_for(bench: BenchResult) -> None:
+    # The bench's workload has its NodePool to itself, one GPU per replica: the scaler row is
+    # told how many replicas a node holds, and every target it returns fills whole nodes.
+    gpus = CONFIG.profile.node.gpus
+    assert bench.scaler_metadata["replicasPerNode"] == str(gpus)
+    policy = policies.ScalerPolicy(bench.scaler_metadata)
+    assert policy.spec.replicas_per_node == gpus
+    requests = build_requests(load_trace(TRACE), scale=2.0, seed=0, duration_s=300.0)
+    simulate(policy, requests, CONFIG, bench.initial_replicas)
+    targets = {d.replicas for d in policy.decisions}
+    assert targets and all(
+        n % gpus == 0 or n == policy.spec.max_replicas for n in targets
+    ), targets
+
+
 def test_json_shape(bench: BenchResult) -> None:
     found = json.loads(json.dumps(to_json(bench)))
     assert isinstance(found["trace"], str)

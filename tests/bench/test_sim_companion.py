@@ -168,7 +168,9 @@ def test_on_a_ramp_the_forecast_leaves_nothing_to_prewarm_and_packing_replaces_r
     WhenEmpty (no repack by Karpenter) the packed scale-downs of the ramp's dips empty nodes the
     spread fleet keeps, so it pays fewer GPU-hours; under WhenEmptyOrUnderutilized Karpenter's
     repack consolidates the spread fleet itself, by evicting serving replicas (each a restart),
-    where the packed fleet leaves it none to evict."""
+    where the packed fleet leaves it none to evict. With targets in whole nodes
+    (`replicasPerNode`) there is no part-filled node to pack or repack, so the scaler here runs
+    as on a NodePool it shares (replicasPerNode 1)."""
     ramp = _ramp(900.0, 2.0, 40.0)
     runs: dict[str, dict[str, PolicyRun]] = {}
     for policy in (WHEN_EMPTY, WHEN_UNDERUTILIZED):
@@ -178,6 +180,7 @@ def test_on_a_ramp_the_forecast_leaves_nothing_to_prewarm_and_packing_replaces_r
             policies=("scaler",),
             companion=True,
             consolidation=policy,
+            scaler_metadata={"replicasPerNode": "1"},
         )
         result = run_bench(ramp, cfg)
         assert [r.name for r in result.runs] == ["scaler", COMPANION, FORECAST, PREWARM]
@@ -318,13 +321,16 @@ def test_scaler_with_the_companion_pays_less_on_a_ramp_down_at_the_same_slo() ->
     off: no capacity to pre-warm beyond the target, and packing) the emptiest nodes' pods go
     first, their nodes are consolidated, and it ends on the fewest nodes its replicas fill, at
     the same SLO attainment. Under WhenEmptyOrUnderutilized Karpenter repacks the spread fleet
-    itself, by evicting serving replicas, which the packed fleet never needs."""
+    itself, by evicting serving replicas, which the packed fleet never needs. The scaler runs
+    as on a NodePool it shares (replicasPerNode 1): with targets in whole nodes no node is left
+    part-filled for the packing to empty."""
     requests = _ramp(900.0, 40.0, 2.0)
     cfg = SimConfig(
         get_profile("llama3-8b-a100"),
         drain_s=300.0,
         policies=("scaler",),
         consolidation=WHEN_EMPTY,  # packing is what makes WhenEmpty consolidation pay
+        scaler_metadata={"replicasPerNode": "1"},
     )
     result = run_bench(requests, cfg)
     (alone,) = result.runs

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from gpu_queue_scaler.decision import capacity
 from gpu_queue_scaler.decision.capacity import (
     CapacitySpec,
     Fleet,
@@ -184,3 +187,32 @@ def test_a_saturated_fleet_whose_arrivals_match_its_throughput_keeps_its_queue()
     found = need(steady, spec, fleet)
     # flow 1.05 x 2 s, today's 14 within one S, the 0.05/s x 210 s it grows by over a horizon
     assert found is not None and found.replicas == pytest.approx((2.1 + 14 + 10.5 * 2 / 210) / 4)
+
+
+def test_the_offered_load_counts_the_token_work_when_it_exceeds_littles_law() -> None:
+    # A prefill-heavy workload: long prompts make the tokens term (GPU time) the need while few
+    # requests hold slots. The offered load, which the forecaster learns, must be in the same
+    # units as the need, or the need reads as far above the forecast on every tick (panic).
+    spec = CapacitySpec(
+        target_concurrency=8.0,
+        service_time_s=2.0,
+        prefill_tokens_per_s=10_000.0,
+        decode_tokens_per_s=1_000.0,
+    )
+    signal = Signal(
+        at=0.0,
+        source="test",
+        waiting=0.0,
+        running=8.0,
+        arrival_rate=4.0,  # x 2 s / 8 = 1 replica by Little's law
+        prompt_tokens_rate=40_000.0,  # 4 replicas of prefill
+        generation_tokens_rate=1_000.0,  # 1 of decode
+    )
+    need = capacity.need(signal, spec)
+    assert need is not None and need.term == "tokens" and need.replicas == pytest.approx(5.0)
+    assert capacity.offered(signal, spec) == pytest.approx(5.0)
+    # Without token capacities the offered load is Little's law's, as before.
+    plain = CapacitySpec(target_concurrency=8.0, service_time_s=2.0)
+    assert capacity.offered(signal, plain) == pytest.approx(1.0)
+    # A NaN rate leaves the other term standing.
+    assert capacity.offered(signal._replace(arrival_rate=math.nan), spec) == pytest.approx(5.0)

@@ -1122,3 +1122,52 @@ def test_any_signal_gives_a_bounded_decision_or_a_hold(
         assert math.isfinite(state.headroom_log) and 0.0 <= state.headroom_log <= math.log(1.6)
         for bucket in state.service_fit:
             assert all(math.isfinite(v) for v in bucket[1:])
+
+
+# --- whole nodes ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "per_node", "max_replicas", "replicas"),
+    [
+        (74.0, 8, 100, 16),  # need 9.25 -> 10 -> two nodes of 8
+        (64.0, 8, 100, 8),  # exactly one node: unchanged
+        (74.0, 8, 12, 12),  # within maxReplicas, even if that leaves a node part-filled
+        (74.0, 1, 100, 10),  # the default: no rounding
+        (74.0, 4, 100, 12),
+    ],
+)
+def test_targets_round_up_to_whole_nodes(
+    in_flight: float, per_node: int, max_replicas: int, replicas: int
+) -> None:
+    # A node is billed whole: the replicas that fill one already asked for cost nothing.
+    spec = make_spec(replicasPerNode=per_node, maxReplicas=max_replicas)
+    decision = Driver(spec).tick(T0, in_flight)
+    assert decision is not None
+    assert decision.replicas == replicas
+    if replicas % per_node == 0 and per_node > 1 and in_flight / 8 % per_node:
+        assert "rounded up to whole nodes of" in decision.detail
+
+
+def test_a_scale_down_that_empties_no_node_is_not_made() -> None:
+    # 13 replicas' worth of need falls to 9 after the window: both fit two nodes of 8, so the
+    # target stays 16 (releasing 4 replicas frees no node); at 7 it drops to one node, and an
+    # idle workload still goes to zero.
+    drive = Driver(make_spec(replicasPerNode=8, scaleDownStabilizationSeconds=60))
+    assert drive.outcome(T0, 13 * 8.0) == (16, True, Reason.CURRENT_NEED)
+    for second in range(10, 200, 10):
+        decision = drive.tick(T0 + second, 9 * 8.0)
+        assert decision is not None and decision.replicas == 16, (second, decision)
+    for second in range(200, 400, 10):
+        decision = drive.tick(T0 + second, 7 * 8.0)
+    assert decision is not None and decision.replicas == 8
+    for second in range(400, 1200, 30):
+        decision = drive.tick(T0 + second, 0.0)
+    assert decision is not None and decision.replicas == 0 and not decision.active
+
+
+@pytest.mark.parametrize("raw", ["0", "65", "1.5", "eight"])
+def test_replicas_per_node_out_of_range_names_the_key(raw: str) -> None:
+    with pytest.raises(ValueError, match="replicasPerNode") as caught:
+        make_spec(replicasPerNode=raw)
+    assert "an integer from 1 to 64" in str(caught.value)
