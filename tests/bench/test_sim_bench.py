@@ -115,9 +115,7 @@ def test_the_scaler_fills_the_nodes_it_pays_for(bench: BenchResult) -> None:
     requests = build_requests(load_trace(TRACE), scale=2.0, seed=0, duration_s=300.0)
     simulate(policy, requests, CONFIG, bench.initial_replicas)
     targets = {d.replicas for d in policy.decisions}
-    assert targets and all(
-        n % gpus == 0 or n == policy.spec.max_replicas for n in targets
-    ), targets
+    assert targets and all(n % gpus == 0 or n == policy.spec.max_replicas for n in targets), targets
 
 
 def test_json_shape(bench: BenchResult) -> None:
