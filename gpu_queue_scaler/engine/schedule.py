@@ -50,15 +50,14 @@ def phase_of(key: WorkloadKey) -> float:
     hash of its key, so every replica and every restart puts its ticks at the same instants.
 
     Phases come in PHASE_SLOTS steps (5 ms apart at the default 5 s), not continuously: each
-    distinct instant is a wake-up of the event loop from a timed wait, which costs CPU
-    (`bench/loop_wakeups.py`, 1,000 no-op workloads: ~55-61 us per tick on distinct instants,
-    ~51 us in 500 slots, ~37 us in 50). Workloads sharing a slot wake together and then take
-    turns (`Turnstile`), one evaluation per loop iteration, so RPCs still interleave between any
-    two of them; but an RPC takes a few loop iterations (request, handler, response), and each
+    distinct instant is a wake-up of the event loop from a timed wait, which costs CPU (fewer
+    slots, less of it: `bench/loop_wakeups.py`). Workloads sharing a slot wake together and then
+    take turns (`Turnstile`), one evaluation per loop iteration, so RPCs still interleave between
+    any two of them; but an RPC takes a few loop iterations (request, handler, response), and each
     iteration of a slot's burst carries one evaluation, so an RPC that lands in a burst waits for
     up to that many evaluations. So 500 slots, two workloads an instant at 1,000: shorter bursts
-    than an RPC, for ~10% more server CPU than 50 (`scaler bench load` figures: docs/bench.md, 1,000
-    ScaledObjects)."""
+    than an RPC, for a little more server CPU than 50 (the figures: docs/bench.md, "1,000
+    ScaledObjects polled like KEDA")."""
     return PHASE_SPREAD * math.floor(key_fraction(key) * PHASE_SLOTS) / PHASE_SLOTS
 
 

@@ -49,12 +49,12 @@ STOP_LOOPS_S = 10.0
 # workload loops keep (each workload's latest decision, state, signal and the timer it sleeps
 # on: ~20 objects an evaluation, freed a tick later) is freed about as fast as it is made, so the
 # young generation's count, allocations minus deallocations, hardly moves while the objects in it
-# pile up: at 700, a young collection walked the objects of seconds of evaluations (6-20 ms with
-# 1,000 workloads: the p99 of `scaler bench load`). The RPCs' cyclic garbage (grpc.aio's per-call
-# handler lookup) is what moves the count, so a low threshold means frequent short collections
-# and, every 5, a middle one: the same total work in short pieces (measured with 1,000
-# workloads: young ones under 3 ms, middle ones 3-5 ms). Full collections, which walk all that is
-# not frozen (~30 ms with 1,000 workloads), come after 100 middle ones at the earliest.
+# pile up: at 700, a young collection walked the objects of seconds of evaluations, long enough to
+# be the RPCs' p99 with 1,000 workloads. The RPCs' cyclic garbage (grpc.aio's per-call handler
+# lookup) is what moves the count, so a low threshold means frequent short collections and, every
+# 5, a middle one: the same total work in short pieces. Full collections, which walk all that is
+# not frozen, come after 100 middle ones at the earliest. The figures: `scaler bench load`,
+# docs/bench.md ("1,000 ScaledObjects polled like KEDA").
 GC_THRESHOLDS = (200, 5, 100)
 # gRPC sets SO_REUSEPORT on its listening sockets by default: a second `scaler serve` on a port in
 # use would bind as well, log `serving`, and the kernel would split KEDA's connections between the
@@ -64,8 +64,8 @@ GRPC_OPTIONS = (("grpc.so_reuseport", 0),)
 
 def tune_gc() -> None:
     """Before serving: move what is loaded by now (modules, classes, the gRPC stack: most of the
-    heap, ~60,000 objects) out of the collector's reach with gc.freeze, so a full collection
-    walks only what the workloads hold (~60 ms less a pause), and set GC_THRESHOLDS.
+    heap) out of the collector's reach with gc.freeze, so a full collection walks only what the
+    workloads hold, and set GC_THRESHOLDS.
     Nothing frozen here is ever garbage: it lives as long as the process."""
     gc.collect()
     gc.freeze()

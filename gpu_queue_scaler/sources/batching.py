@@ -18,9 +18,9 @@ from gpu_queue_scaler.sources.promql import combined_query, tagged
 log = logging.getLogger(__name__)
 # Reads of different workloads that start within BATCH_WINDOW_S of a batch's first travel in one
 # POSTed request (the engine ticks the workloads of a phase slot together, one per loop
-# iteration: ~20 at 1,000 workloads). A batch is kept small: Prometheus's cost per query grows
-# faster than its length (2.42, measured: per vLLM read 8.1 ms of its CPU alone, 5.8 ms in a
-# query of 5 reads, 7.3 ms in 12, 24 ms in 50), and one bad query sends few reads back alone.
+# iteration, and a window spans a few slots). A batch is kept small: Prometheus's cost per
+# query grows faster than its length (`bench/prometheus_reads.py`; the figures: docs/signals.md),
+# and one bad query sends few reads back alone.
 BATCH_WINDOW_S = 0.02
 BATCH_MAX_READS = 16
 BATCH_MAX_QUERY_CHARS = 16_000  # PromQL characters (~5 vLLM reads); the read crossing it is in

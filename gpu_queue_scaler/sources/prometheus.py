@@ -237,9 +237,9 @@ class PrometheusSource:
         """Each query's result (as its own request would have it) or the exception, asked in a
         few requests (`combined_groups`, `combined_query`) where it can, else one per query.
 
-        One request per query was ~3.5 ms of this process's CPU each (requests in a thread
-        pool; `bench/prometheus_reads.py`), 12 per vLLM read: a scaler polling 1,000 workloads
-        every 5 s would need ~8 cores for that alone. When Prometheus answers a combined query
+        One request per query, 12 per vLLM read, would take a scaler polling 1,000 workloads
+        several cores for the requests alone (`bench/prometheus_reads.py`; the figures:
+        docs/signals.md). When Prometheus answers a combined query
         with an error or a malformed answer (a custom query that is not an instant vector, say),
         its queries are asked again one by one, so the reasons name the query at fault; when it
         times out (one slow custom query holds up the whole expression), its signals fail in this

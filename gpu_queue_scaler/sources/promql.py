@@ -151,8 +151,8 @@ def instant_outcome(result: object) -> float | BaseException:
 def combined_query(queries: Mapping[str, str]) -> str:
     """All of a read's queries as one PromQL expression: each one's series tagged with its signal
     in FIELD_LABEL (label_replace), joined with `or` (distinct tags, so nothing is dropped) in a
-    balanced tree: `or` binds to the left, and a flat chain of a batch's hundreds of parts cost
-    Prometheus 20-30% more CPU (2.42: 240 and 600 parts)."""
+    balanced tree: `or` binds to the left, and a flat chain of a batch's hundreds of parts costs
+    Prometheus more CPU (`bench/prometheus_reads.py`; the figures: docs/signals.md)."""
     parts = [
         f'label_replace(({query}), "{FIELD_LABEL}", "{field}", "", "")'
         for field, query in queries.items()
