@@ -17,7 +17,7 @@ class Turnstile:
     Phases spread the workloads' ticks over the interval, but loops still wake together (a
     timer late behind a pause, close phases, warm starts of workloads seen at once), and a
     thousand loops evaluating back to back would hold the event loop, and every RPC with it, for
-    the whole burst (hundreds of ms: the p99 of `scaler bench load` on one shared grid). A loop
+    the whole burst (on one shared grid, the RPCs' p99 in `scaler bench load`). A loop
     takes a turn before each evaluation, and a warm start's replay before each slice of it: a
     burst is spread over as many iterations and the loop polls for I/O, so answers RPCs, between
     any two. Nothing is held after the turn: a source's network reads still overlap."""
