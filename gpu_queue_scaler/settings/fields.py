@@ -580,10 +580,10 @@ FIELDS: tuple[Field, ...] = (
         1,
         "an integer from 1 to 64",
         "Replicas of this workload one GPU node holds (the node's GPUs / the GPUs one replica "
-        "uses), for a workload with its NodePool to itself. Targets are rounded up to whole "
-        "nodes: a node is billed whole, so the replicas that fill one already paid for cost "
-        "nothing and absorb bursts, and a scale-down that empties no node saves nothing until "
-        "Karpenter repacks it, which restarts the pods it moves. 1: no rounding.",
+        "uses), for a workload with a NodePool of one node size to itself. Targets are rounded "
+        "up to whole nodes: a node is billed whole, so the replicas that fill one already paid "
+        "for cost nothing and absorb bursts, and a scale-down that empties no node saves "
+        "nothing until Karpenter repacks it, which restarts the pods it moves. 1: no rounding.",
     ),
     Field(
         "coldStartSeconds",
