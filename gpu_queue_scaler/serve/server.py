@@ -272,9 +272,6 @@ class ScalerServer:
         self._stopped.set()
         log.info("stopped", extra={"event": "stopped"})
 
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
 
 async def serve(server: ScalerServer) -> int:
     """Run until SIGTERM or SIGINT, then shut down gracefully; the exit code."""

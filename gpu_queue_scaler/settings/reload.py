@@ -60,23 +60,14 @@ class ConfigStore:
         telemetry.CONFIG_VALID.set(1)
         telemetry.CONFIG_LAST_SUCCESS.set(time.time())
 
-    def reload(self) -> bool:
-        """Read the file again; True if a new config is now in force."""
-        if self.path is None:
-            return False
-        try:
-            return self._apply(self._read(self.path))
-        except Exception as exc:  # the watch outlives any fault; it is reported
-            return self._fail(exc)
-
     async def poll(self) -> bool:
-        """`reload`, with the file read and parsed in a worker thread."""
+        """Read the file again, in a worker thread; True if a new config is now in force."""
         if self.path is None:
             return False
         try:
             found = await asyncio.to_thread(self._read, self.path)
             return self._apply(found)
-        except Exception as exc:  # as in reload
+        except Exception as exc:  # the watch outlives any fault; it is reported
             return self._fail(exc)
 
     def _read(self, path: str) -> _Read:
