@@ -93,7 +93,7 @@ class StepStats:
     kv_max: float | None
 
 
-class Fleet:
+class ServingFleet:
     """The queue and the replicas of one workload. Replicas are named by integer pod ids that
     `gpu_queue_scaler_bench.sim.cluster` hands out; the fleet only learns which are serving each
     step."""

@@ -62,7 +62,7 @@ from gpu_queue_scaler_bench.sim.autoscalers import (
     Keda,
     average_value_replicas,
 )
-from gpu_queue_scaler_bench.sim.fleet import QUEUE_TIME_BUCKETS, TTFT_BUCKETS, Fleet
+from gpu_queue_scaler_bench.sim.fleet import QUEUE_TIME_BUCKETS, TTFT_BUCKETS, ServingFleet
 from gpu_queue_scaler_bench.sim.policies import scaler_metadata
 from gpu_queue_scaler_bench.sim.report import FULL_STACK
 from gpu_queue_scaler_bench.sim.run import BenchResult, SimConfig, Simulation, run_bench
@@ -172,7 +172,7 @@ class VllmExporter:
     # columns of `counters`
     SUCCESS, QT_SUM, QT_COUNT, TTFT_SUM, TTFT_COUNT, INF_SUM, INF_COUNT = range(7)
 
-    def __init__(self, fleet: Fleet, model: str, speedup: float) -> None:
+    def __init__(self, fleet: ServingFleet, model: str, speedup: float) -> None:
         self.fleet = fleet
         self.model = model
         self.speedup = speedup

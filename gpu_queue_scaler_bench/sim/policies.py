@@ -41,7 +41,7 @@ from gpu_queue_scaler_bench.sim.autoscalers import (
     pods_metric_replicas,
 )
 from gpu_queue_scaler_bench.sim.cluster import Cluster, Phase
-from gpu_queue_scaler_bench.sim.fleet import Fleet, StepStats
+from gpu_queue_scaler_bench.sim.fleet import ServingFleet, StepStats
 from gpu_queue_scaler_bench.sim.profiles import ServiceProfile
 from gpu_queue_scaler_bench.sim.workload import Requests
 
@@ -68,7 +68,7 @@ NAMES = (
 class Policy(Protocol):
     name: str
 
-    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+    def act(self, at: float, fleet: ServingFleet, cluster: Cluster, stats: StepStats) -> int | None:
         """After the step ending at `at`: the Deployment's new replica count, or None to keep."""
         ...
 
@@ -80,7 +80,7 @@ class AlwaysOn:
     replicas: int
     name: str = "always-on"
 
-    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+    def act(self, at: float, fleet: ServingFleet, cluster: Cluster, stats: StepStats) -> int | None:
         return None
 
 
@@ -98,7 +98,7 @@ class HpaGpuUtil:
         self.snapshot: dict[int, float] = {}
         self.next_scrape = -math.inf
 
-    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+    def act(self, at: float, fleet: ServingFleet, cluster: Cluster, stats: StepStats) -> int | None:
         for pod, busy in zip(cluster.serving().tolist(), stats.busy.tolist(), strict=True):
             acc = self.busy.setdefault(pod, [0.0, 0.0])
             acc[0] += busy
@@ -142,7 +142,7 @@ class KedaAverageValue:
     def metric(self, stats: StepStats) -> float:
         raise NotImplementedError
 
-    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+    def act(self, at: float, fleet: ServingFleet, cluster: Cluster, stats: StepStats) -> int | None:
         if at + 1e-9 >= self.next_scrape:
             self.next_scrape = at + PROMETHEUS_SCRAPE_S
             self.scraped = self.metric(stats)
@@ -242,11 +242,11 @@ class ScalerPolicy:
         self.hpa = Hpa(max(1, self.spec.min_replicas), self.spec.max_replicas, SCALER_BEHAVIOR)
         self.decisions: list[Decision] = []
 
-    def evaluate(self, at: float, fleet: Fleet) -> Decision | None:
+    def evaluate(self, at: float, fleet: ServingFleet) -> Decision | None:
         """One engine tick (the engine's `Decider.tick`, on the signal the fleet exposes)."""
         return self.decider.tick(fleet.signal(at), at)
 
-    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+    def act(self, at: float, fleet: ServingFleet, cluster: Cluster, stats: StepStats) -> int | None:
         if at + 1e-9 >= self.next_eval:
             self.next_eval = at + self.interval
             self.decision = self.evaluate(at, fleet)
@@ -277,7 +277,7 @@ class Oracle:
     origin_s: float = 0.0  # the time of schedule[0] (the pre-roll's start: negative)
     grace_s: float = math.inf  # the pods' termination grace period
 
-    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+    def act(self, at: float, fleet: ServingFleet, cluster: Cluster, stats: StepStats) -> int | None:
         # The floor packs its scale-downs onto the fewest nodes (pod-deletion-cost, as the
         # companion does): a lower bound must not pay for the ReplicaSet's spreading. Packed, it
         # leaves nothing to repack, so its pods say karpenter.sh/do-not-disrupt: no eviction
@@ -322,7 +322,7 @@ class ReactiveBound:
         self.asks: deque[tuple[float, int]] = deque()  # (at, ask), highest first
         self.next_sync = -math.inf
 
-    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+    def act(self, at: float, fleet: ServingFleet, cluster: Cluster, stats: StepStats) -> int | None:
         trace_at = at + self.pre_s if at < 0 else at
         k = min(max(0, round(trace_at / self.dt)), self.need.size - 1)
         ask = math.ceil(float(self.need[k]) * self.headroom - 1e-9)

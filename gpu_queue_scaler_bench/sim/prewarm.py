@@ -48,7 +48,7 @@ from gpu_queue_scaler.companion.model import (
 )
 from gpu_queue_scaler.companion.plan import plan
 from gpu_queue_scaler_bench.sim.cluster import Cluster, Phase
-from gpu_queue_scaler_bench.sim.fleet import Fleet, StepStats
+from gpu_queue_scaler_bench.sim.fleet import ServingFleet, StepStats
 from gpu_queue_scaler_bench.sim.policies import ScalerPolicy
 
 COMPANION = "scaler+companion"
@@ -88,7 +88,7 @@ class Prewarm:
         self.next_pass = -math.inf
         self.plans: list[NodePoolPlan] = []
 
-    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+    def act(self, at: float, fleet: ServingFleet, cluster: Cluster, stats: StepStats) -> int | None:
         wanted = self.scaler.act(at, fleet, cluster, stats)
         if at + 1e-9 >= self.next_pass:
             self.next_pass = at + self.interval_s

@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpu_queue_scaler_bench.sim.cluster import WHEN_UNDERUTILIZED, Cluster, ClusterConfig
-from gpu_queue_scaler_bench.sim.fleet import Fleet, StepStats
+from gpu_queue_scaler_bench.sim.fleet import ServingFleet, StepStats
 from gpu_queue_scaler_bench.sim.policies import (
     KEDA_INFLIGHT,
     KEDA_INFLIGHT_BEST,
@@ -191,7 +191,7 @@ class Simulation:
         self.n_pre = self.replay.count - requests.count
         self.max_steps = self.pre_steps + self.trace_steps + math.ceil(cfg.drain_s / dt)
         svc, node = cfg.profile.service, cfg.profile.node
-        self.fleet = Fleet(self.replay, svc, dt, self.max_steps, cfg.max_wait_s)
+        self.fleet = ServingFleet(self.replay, svc, dt, self.max_steps, cfg.max_wait_s)
         self.cluster = Cluster(
             ClusterConfig(
                 node=node,

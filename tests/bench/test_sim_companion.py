@@ -22,7 +22,7 @@ from gpu_queue_scaler_bench.sim.cluster import (
     Cluster,
     ClusterConfig,
 )
-from gpu_queue_scaler_bench.sim.fleet import Fleet, StepStats
+from gpu_queue_scaler_bench.sim.fleet import ServingFleet, StepStats
 from gpu_queue_scaler_bench.sim.policies import ScalerPolicy, scaler_metadata
 from gpu_queue_scaler_bench.sim.prewarm import COMPANION, FORECAST, PREWARM, Prewarm, with_forecast
 from gpu_queue_scaler_bench.sim.profiles import P4D_24XLARGE, get_profile
@@ -222,7 +222,7 @@ class _OffThenOn:
 
     name: str = "off-then-on"
 
-    def act(self, at: float, fleet: Fleet, cluster: Cluster, stats: StepStats) -> int | None:
+    def act(self, at: float, fleet: ServingFleet, cluster: Cluster, stats: StepStats) -> int | None:
         return 1 if stats.waiting else 0
 
 

@@ -13,7 +13,7 @@ import pytest
 from gpu_queue_scaler import cli
 from gpu_queue_scaler.sources.exposition import parse
 from gpu_queue_scaler_bench.sim.autoscalers import SCALER_BEHAVIOR
-from gpu_queue_scaler_bench.sim.fleet import Fleet
+from gpu_queue_scaler_bench.sim.fleet import ServingFleet
 from gpu_queue_scaler_bench.sim.fullstack import (
     FULL_STACK_NAME,
     FullStackRun,
@@ -121,7 +121,7 @@ def test_time_settings_are_divided_by_the_speedup() -> None:
 
 def test_the_exported_text_parses_as_vllm_metrics() -> None:
     requests = step_load()
-    fleet = Fleet(requests, CONFIG.profile.service, 1.0, 400, 600.0)
+    fleet = ServingFleet(requests, CONFIG.profile.service, 1.0, 400, 600.0)
     exporter = VllmExporter(fleet, "m", speedup=10.0)
     pods = np.array([0, 1], dtype=np.int64)
     for t in range(130):

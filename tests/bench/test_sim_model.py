@@ -16,7 +16,7 @@ from gpu_queue_scaler_bench.sim.autoscalers import (
     pods_metric_replicas,
 )
 from gpu_queue_scaler_bench.sim.cluster import WHEN_EMPTY, Cluster, ClusterConfig, Phase
-from gpu_queue_scaler_bench.sim.fleet import Fleet, fill_least_loaded
+from gpu_queue_scaler_bench.sim.fleet import ServingFleet, fill_least_loaded
 from gpu_queue_scaler_bench.sim.profiles import LLAMA3_8B_A100, P4D_24XLARGE, PROFILES
 from gpu_queue_scaler_bench.sim.workload import Requests, build_requests
 from gpu_queue_scaler_bench.traces import Trace
@@ -34,8 +34,8 @@ def _requests(arrivals: list[float], inputs: list[int], outputs: list[int]) -> R
     )
 
 
-def _serve(requests: Requests, pods: int = 1, steps: int = 60, dt: float = 1.0) -> Fleet:
-    fleet = Fleet(requests, SVC, dt, steps, max_wait_s=600.0)
+def _serve(requests: Requests, pods: int = 1, steps: int = 60, dt: float = 1.0) -> ServingFleet:
+    fleet = ServingFleet(requests, SVC, dt, steps, max_wait_s=600.0)
     serving = np.arange(pods, dtype=np.int64)
     for k in range(steps):
         fleet.step(k * dt, serving)
@@ -71,7 +71,7 @@ def test_prefill_is_first_come_first_served() -> None:
 
 def test_slots_full_means_waiting_and_signals_follow_the_catalog() -> None:
     n = SVC.max_num_seqs + 40
-    fleet = Fleet(_requests([0.0] * n, [10] * n, [2000] * n), SVC, 1.0, 100, 600.0)
+    fleet = ServingFleet(_requests([0.0] * n, [10] * n, [2000] * n), SVC, 1.0, 100, 600.0)
     serving = np.arange(1, dtype=np.int64)
     for k in range(70):
         fleet.step(float(k), serving)
@@ -86,7 +86,7 @@ def test_slots_full_means_waiting_and_signals_follow_the_catalog() -> None:
 
 
 def test_no_replicas_means_the_queue_grows_and_clients_give_up() -> None:
-    fleet = Fleet(_requests([0.0, 1.0, 50.0], [10] * 3, [10] * 3), SVC, 1.0, 100, 30.0)
+    fleet = ServingFleet(_requests([0.0, 1.0, 50.0], [10] * 3, [10] * 3), SVC, 1.0, 100, 30.0)
     for k in range(60):
         fleet.step(float(k), np.zeros(0, dtype=np.int64))
     assert fleet.dropped.tolist() == [True, True, False]
