@@ -136,11 +136,14 @@ def _revision() -> str:
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "scaler"], capture_output=True, text=True, check=True
+            ["git", "status", "--porcelain", "gpu_queue_scaler", "gpu_queue_scaler_bench"],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown revision"
-    return f"commit {head}" + (" with local changes in gpu_queue_scaler/" if dirty else "")
+    return f"commit {head}" + (" with local changes in the packages" if dirty else "")
 
 
 def main(index: str, nproc: str) -> None:
