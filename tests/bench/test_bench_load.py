@@ -3,7 +3,6 @@ like KEDA by a short run. Figures are printed, never asserted against a time bud
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 
@@ -11,7 +10,6 @@ import pytest
 
 from gpu_queue_scaler.cli import main
 from gpu_queue_scaler.decision.policy import policy_memory_s
-from gpu_queue_scaler.serve.server import GC_THRESHOLDS, tune_gc
 from gpu_queue_scaler.settings.config import Config
 from gpu_queue_scaler.settings.spec import resolve
 from gpu_queue_scaler.settings.trigger import TriggerCache
@@ -122,17 +120,6 @@ def test_soak_json_figures(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_input_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "load", "--objects", "0", "--duration", "1"]) == 2
     assert "--objects" in capsys.readouterr().err
-
-
-def test_tune_gc_freezes_the_start_up_heap_and_sets_the_thresholds() -> None:
-    before = gc.get_threshold()
-    try:
-        tune_gc()
-        assert gc.get_threshold() == GC_THRESHOLDS
-        assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*before)
 
 
 def test_warm_start_burst_bench_prints_both_runs() -> None:

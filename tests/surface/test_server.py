@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import json
 import logging
@@ -23,7 +24,7 @@ from gpu_queue_scaler._proto import externalscaler_pb2 as pb
 from gpu_queue_scaler.decision.policy import Decision
 from gpu_queue_scaler.engine.schedule import Segment
 from gpu_queue_scaler.engine.warm_start import read_history
-from gpu_queue_scaler.serve.server import ScalerServer
+from gpu_queue_scaler.serve.server import GC_THRESHOLDS, ScalerServer, tune_gc
 from gpu_queue_scaler.settings.config import Config, ServerSettings
 from gpu_queue_scaler.settings.reload import ConfigStore
 from gpu_queue_scaler.settings.spec import WorkloadSpec, resolve
@@ -651,3 +652,14 @@ async def test_forecast_is_exported_next_to_the_decision(start_server):
         lambda: json.loads(urllib.request.urlopen(decisions_url, timeout=5).read())
     )
     assert found["decisions"][0]["forecast"]["horizon_s"] == 5.0
+
+
+def test_tune_gc_freezes_the_start_up_heap_and_sets_the_thresholds() -> None:
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -444,8 +444,8 @@ def test_reload_keeps_the_last_good_config_through_any_broken_edit(
 ) -> None:
     """The reload machinery fed mutated ConfigMaps: a broken one leaves the config in force,
     marks config_valid 0, counts one failure and logs each problem; restoring the file in force
-    marks it valid again without a reload. (tests/unit/test_reload.py drives one bad edit end to end
-    on a server; this varies the edit.)"""
+    marks it valid again without a reload. (tests/surface/test_reload.py drives one bad edit end
+    to end on a server; this varies the edit.)"""
     caplog.set_level(logging.ERROR, logger="gpu_queue_scaler.settings.reload")
     path = tmp_path / "config.yaml"
     good = BASE_CONFIGS[0]
