@@ -45,23 +45,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from gpu_queue_scaler.signals import Signal
 
+if TYPE_CHECKING:  # annotations only: the decision imports no settings code at run time
+    from gpu_queue_scaler.settings.spec import CapacitySpec
+
 MIN_RATE = 1e-3  # req/s; below it running / arrival_rate says nothing about service time
 DRAIN_SURPLUS = 1.1  # a fleet drains its queue when it completes 10% more than arrives
-
-
-@dataclass(frozen=True)
-class CapacitySpec:
-    target_concurrency: float
-    service_time_s: float | None = None
-    queue_time_slo_s: float | None = None
-    slo_attainment: float = 0.99  # share of requests within queue_time_slo_s (the objective)
-    kv_cache_target: float | None = None
-    prefill_tokens_per_s: float | None = None  # per replica at its target load
-    decode_tokens_per_s: float | None = None
 
 
 class Fleet(NamedTuple):

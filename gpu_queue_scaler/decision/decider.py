@@ -21,13 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from gpu_queue_scaler.decision.bank import BankedForecast, ForecastBanks
 from gpu_queue_scaler.decision.outlook import NeedForecast, Outlook
 from gpu_queue_scaler.decision.policy import Decision, PolicyState, Reason, decide, hold
 from gpu_queue_scaler.settings.fields import BY_KEY
-from gpu_queue_scaler.settings.spec import WorkloadSpec
 from gpu_queue_scaler.signals import Signal
+
+if TYPE_CHECKING:  # annotations only: the decision imports no settings code at run time
+    from gpu_queue_scaler.settings.spec import WorkloadSpec
 
 DEFAULT_STALE_S = float(BY_KEY["staleTargetSeconds"].default)  # as ServerSettings' default
 

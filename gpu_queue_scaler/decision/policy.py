@@ -46,13 +46,15 @@ from __future__ import annotations
 import hashlib
 import math
 from enum import StrEnum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from gpu_queue_scaler.catalog import QUEUE_FIELDS, required_fields
 from gpu_queue_scaler.decision import capacity
 from gpu_queue_scaler.decision.outlook import Outlook
-from gpu_queue_scaler.settings.spec import WorkloadSpec
 from gpu_queue_scaler.signals import Signal
+
+if TYPE_CHECKING:  # annotations only: the decision imports no settings code at run time
+    from gpu_queue_scaler.settings.spec import WorkloadSpec
 
 EPSILON = 1e-9
 TICK_TOLERANCE_S = 1e-3  # tick times closer than this are the same tick (evaluation >= 0.05 s)

@@ -12,7 +12,6 @@ from types import MappingProxyType
 from typing import Any
 
 from gpu_queue_scaler.catalog import CATALOGS, QUERY_KEYS
-from gpu_queue_scaler.decision.capacity import CapacitySpec
 from gpu_queue_scaler.settings.config import Config
 from gpu_queue_scaler.settings.fields import BY_KEY, TUNING_KEYS, FieldError, check_bounds
 from gpu_queue_scaler.settings.trigger import TriggerSpec
@@ -24,6 +23,20 @@ class ResolveError(ValueError):
     def __init__(self, problems: list[FieldError]) -> None:
         self.problems = problems
         super().__init__("; ".join(str(p) for p in problems))
+
+
+@dataclass(frozen=True)
+class CapacitySpec:
+    """The capacity model's inputs (`gpu_queue_scaler.decision.capacity`), from the trigger's
+    capacity keys."""
+
+    target_concurrency: float
+    service_time_s: float | None = None
+    queue_time_slo_s: float | None = None
+    slo_attainment: float = 0.99  # share of requests within queue_time_slo_s (the objective)
+    kv_cache_target: float | None = None
+    prefill_tokens_per_s: float | None = None  # per replica at its target load
+    decode_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ import pytest
 
 from gpu_queue_scaler.decision import capacity
 from gpu_queue_scaler.decision.capacity import (
-    CapacitySpec,
     Fleet,
     backlog_ahead,
     loaded_service_time,
     need,
 )
+from gpu_queue_scaler.settings.spec import CapacitySpec
 from gpu_queue_scaler.signals import Signal
 
 

@@ -240,3 +240,23 @@ def test_the_simulator_does_not_import_the_engine() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_decision_loads_no_settings_loader_or_io_module() -> None:
+    # The spec reaches the decision as a value: importing the decider and the policy in a fresh
+    # interpreter must not load the ConfigMap's loader, YAML, the spec module or any I/O stack
+    # (the import-linter contracts say the same of the import graph; this checks what runs).
+    code = textwrap.dedent(
+        """
+        import sys
+        import gpu_queue_scaler.decision.decider, gpu_queue_scaler.decision.policy
+        banned = ("yaml", "gpu_queue_scaler.settings.config", "gpu_queue_scaler.settings.spec",
+                  "gpu_queue_scaler.settings.reload", "asyncio", "grpc", "httpx", "urllib3",
+                  "kubernetes", "socket")
+        print(",".join(m for m in banned if m in sys.modules))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "", done.stdout
