@@ -37,18 +37,21 @@ def _register_plugins(sub: Subcommands) -> list[str]:
     return missing
 
 
-def _build() -> tuple[argparse.ArgumentParser, list[str]]:
-    """The top parser with every command, and the plugin commands that could not load."""
+def _built_in() -> tuple[argparse.ArgumentParser, Subcommands]:
+    """The top parser with the built-in commands, and its sub-parsers for the plugins' ones."""
     top = argparse.ArgumentParser(prog="scaler", description=__doc__)
     top.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = top.add_subparsers(dest="command", required=True)
     for module in BUILT_IN:
         module.register(sub)
-    return top, _register_plugins(sub)
+    return top, sub
 
 
 def parser() -> argparse.ArgumentParser:
-    return _build()[0]
+    """The top parser with every command, the plugins' too."""
+    top, sub = _built_in()
+    _register_plugins(sub)
+    return top
 
 
 # 128 + SIGPIPE: what a shell reports for a command whose reader went away (`| head -1`).
@@ -57,11 +60,13 @@ BROKEN_PIPE_EXIT = 141
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        top, missing = _build()
         given = sys.argv[1:] if argv is None else list(argv)
         # The top parser has options only before the command: the first word is the command.
         command = next((word for word in given if not word.startswith("-")), None)
-        if command in missing:
+        top, sub = _built_in()
+        # A built-in command runs without the plugins: their entry points are read (and their
+        # modules imported) only for another word, or none (`scaler --help` lists them).
+        if command not in sub.choices and command in _register_plugins(sub):
             print(
                 f"scaler: '{command}' comes with the measuring package, which is not "
                 "installed here",
