@@ -64,6 +64,20 @@ BUILD_INFO.labels(version=version(), python=platform.python_version()).set(1)
 
 LABELS = ["namespace", "scaledobject", "metric"]
 
+# What the scaler decided: decision field -> (metric name, help), labelled with LABELS.
+DECISION_METRICS = {
+    "replicas": ("desired_replicas", "Replica target returned to KEDA"),
+    "active": ("active", "1 if IsActive answers true"),
+    "need": ("needed_replicas", "Replicas needed for the current load"),
+    "offered": (
+        "offered_replicas",
+        "Replicas the arrivals alone need, without the queue: what the forecast forecasts",
+    ),
+    "in_flight": ("in_flight_requests", "Running + waiting requests seen"),
+    "arrival": ("arrival_rate_requests_per_second", "Arrival rate seen"),
+    "at": ("decision_timestamp_seconds", "Tick of the latest decision"),
+}
+
 # What the scaler saw, next to what it decided: signal field -> (metric name, help). Each help says
 # how the catalog (`gpu_queue_scaler.catalog`) makes the value from the pods' metrics.
 SIGNAL_METRICS = {
@@ -128,35 +142,14 @@ class DecisionCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = {
-            "replicas": GaugeMetricFamily(
-                PREFIX + "desired_replicas", "Replica target returned to KEDA", labels=LABELS
-            ),
-            "active": GaugeMetricFamily(
-                PREFIX + "active", "1 if IsActive answers true", labels=LABELS
-            ),
-            "need": GaugeMetricFamily(
-                PREFIX + "needed_replicas", "Replicas needed for the current load", labels=LABELS
-            ),
-            "offered": GaugeMetricFamily(
-                PREFIX + "offered_replicas",
-                "Replicas the arrivals alone need, without the queue: what the forecast forecasts",
-                labels=LABELS,
-            ),
-            "in_flight": GaugeMetricFamily(
-                PREFIX + "in_flight_requests", "Running + waiting requests seen", labels=LABELS
-            ),
-            "arrival": GaugeMetricFamily(
-                PREFIX + "arrival_rate_requests_per_second", "Arrival rate seen", labels=LABELS
-            ),
-            "at": GaugeMetricFamily(
-                PREFIX + "decision_timestamp_seconds", "Tick of the latest decision", labels=LABELS
-            ),
-            "reason": GaugeMetricFamily(
-                PREFIX + "decision_reason",
-                "1 for the term that set the target (bounded set of reasons)",
-                labels=[*LABELS, "reason"],
-            ),
+            key: GaugeMetricFamily(PREFIX + name, text, labels=LABELS)
+            for key, (name, text) in DECISION_METRICS.items()
         }
+        families["reason"] = GaugeMetricFamily(
+            PREFIX + "decision_reason",
+            "1 for the term that set the target (bounded set of reasons)",
+            labels=[*LABELS, "reason"],
+        )
         signals = {
             field: GaugeMetricFamily(PREFIX + name, text, labels=LABELS)
             for field, (name, text) in SIGNAL_METRICS.items()
