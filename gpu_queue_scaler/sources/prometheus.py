@@ -33,7 +33,7 @@ from urllib3.util.retry import Retry
 
 from gpu_queue_scaler.settings.spec import WorkloadSpec
 from gpu_queue_scaler.signals import Signal
-from gpu_queue_scaler.sources import SourceError
+from gpu_queue_scaler.sources import SourceError, user_key
 from gpu_queue_scaler.sources.batching import Batcher, Found
 from gpu_queue_scaler.sources.promql import (
     age_query,
@@ -278,7 +278,7 @@ class PrometheusSource:
         return dict(zip(queries, answers, strict=True))
 
     async def read(self, spec: WorkloadSpec, at: float) -> Signal:
-        key = f"{spec.workload}|{spec.trigger.metric_name}"
+        key = user_key(spec.trigger)
         cached = self._cache.get(key)
         if cached is not None and 0 <= at - cached[0] < spec.query_interval_s:
             return cached[1]
@@ -338,9 +338,7 @@ class PrometheusSource:
                 lambda: self._request("GET", "/api/v1/query_range", form, timeout), timeout
             )
 
-        results = await self._results(
-            f"{spec.workload}|{spec.trigger.metric_name}", queries, ranged
-        )
+        results = await self._results(user_key(spec.trigger), queries, ranged)
         grid: dict[float, dict[str, float]] = {}
         try:
             for field, result in results.items():

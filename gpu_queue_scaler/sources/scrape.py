@@ -21,7 +21,7 @@ from urllib3.response import GzipDecoder
 from gpu_queue_scaler.catalog import CATALOGS, families, signal_exprs
 from gpu_queue_scaler.settings.spec import WorkloadSpec
 from gpu_queue_scaler.signals import Signal
-from gpu_queue_scaler.sources import SourceError
+from gpu_queue_scaler.sources import SourceError, user_key
 from gpu_queue_scaler.sources.discovery import EndpointSliceDiscovery
 from gpu_queue_scaler.sources.exposition import Scrape, parse
 from gpu_queue_scaler.sources.httpclient import async_client
@@ -130,9 +130,7 @@ class ScrapeSource:
             *(self._scrape(t, path, spec.scrape_timeout_s, wanted) for t in targets)
         )
         now = time.time()
-        window = self._window(
-            f"{spec.workload}|{spec.trigger.metric_name}", spec.rate_window_s, now
-        )
+        window = self._window(user_key(spec.trigger), spec.rate_window_s, now)
         window.keep_only(targets)
         reasons: list[str] = []
         answered = 0
