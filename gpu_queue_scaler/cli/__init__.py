@@ -64,9 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The top parser has options only before the command: the first word is the command.
         command = next((word for word in given if not word.startswith("-")), None)
         top, sub = _built_in()
-        # A built-in command runs without the plugins: their entry points are read (and their
-        # modules imported) only for another word, or none (`scaler --help` lists them).
-        if command not in sub.choices and command in _register_plugins(sub):
+        # A built-in command given first runs without the plugins: their entry points are read
+        # (and their modules imported) only for another command, or for a top-level option
+        # before it (`scaler --help [serve]` lists them all).
+        built_in = command in sub.choices and given[:1] == [command]
+        if not built_in and command in _register_plugins(sub):
             print(
                 f"scaler: '{command}' comes with the measuring package, which is not "
                 "installed here",
