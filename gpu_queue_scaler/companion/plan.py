@@ -89,21 +89,25 @@ class _Workload:
         """GPUs the workload's live pods (Pending or Running) hold or are getting."""
         return self.placement.live_pods * self.placement.gpus_per_replica
 
-    @property
-    def wanted_replicas(self) -> int:
-        """The scaler's target or its forecast, whichever is higher, capped at maxReplicaCount."""
-        assert self.demand is not None
-        replicas = max(self.demand.replicas, ceil_replicas(self.demand.forecast_replicas))
+    def _within_cap(self, replicas: int) -> int:
         cap = self.placement.max_replicas
         return replicas if cap is None else min(replicas, cap)
 
     @property
+    def _asked_replicas(self) -> int:
+        """The scaler's target or its forecast, whichever is higher (not capped)."""
+        assert self.demand is not None
+        return max(self.demand.replicas, ceil_replicas(self.demand.forecast_replicas))
+
+    @property
+    def wanted_replicas(self) -> int:
+        """The scaler's target or its forecast, whichever is higher, capped at maxReplicaCount."""
+        return self._within_cap(self._asked_replicas)
+
+    @property
     def capped(self) -> bool:
         """The forecast (or target) asked for more replicas than maxReplicaCount allows."""
-        assert self.demand is not None
-        cap = self.placement.max_replicas
-        replicas = max(self.demand.replicas, ceil_replicas(self.demand.forecast_replicas))
-        return cap is not None and replicas > cap
+        return self._within_cap(self._asked_replicas) < self._asked_replicas
 
     @property
     def forecast_gpus(self) -> int:
@@ -114,9 +118,7 @@ class _Workload:
         """The GPUs of the scaler's current target (capped at maxReplicaCount): what the HPA
         will have asked for at its next sync."""
         assert self.demand is not None
-        cap = self.placement.max_replicas
-        replicas = self.demand.replicas if cap is None else min(self.demand.replicas, cap)
-        return max(0, replicas) * self.placement.gpus_per_replica
+        return max(0, self._within_cap(self.demand.replicas)) * self.placement.gpus_per_replica
 
     @property
     def quiet(self) -> bool:
