@@ -107,7 +107,8 @@ class _Workload:
     @property
     def capped(self) -> bool:
         """The forecast (or target) asked for more replicas than maxReplicaCount allows."""
-        return self._within_cap(self._asked_replicas) < self._asked_replicas
+        cap = self.placement.max_replicas
+        return cap is not None and self._asked_replicas > cap
 
     @property
     def forecast_gpus(self) -> int:
