@@ -10,7 +10,9 @@ methods, so there are two experts per candidate:
   issued (exponentially weighted mean absolute deviation from a smoothed level), multiplied back
   by today's volatility. It widens the bound when demand turns volatile (a busy period of a
   Poisson-like load, a day's peak) and narrows it when calm, where the raw one reacts only after
-  the misses.
+  the misses. The volatility divided by is at least a share of the mean one-step change
+  (`_VOL_FLOOR`), and a scaled error counts at most `_SCALED_ERROR_CAP` volatilities, so the
+  calm before a burst cannot turn its first errors into a bound of millions.
 
 Quantiles without sorting. Per expert, series and horizon step the errors e are summarised by an
 exponentially weighted mean m and mean absolute deviation s (weight 1/n, at least 1/`window`),
@@ -25,10 +27,12 @@ Combination. The score of an expert is the exponentially weighted pinball loss a
 upper bound at `eval_step` (by default the horizon: the forecast for when a replica started now
 would be ready), issued that many bins earlier. Pinball loss is minimised by the true q-quantile,
 so it rewards a bound that is high enough and no higher than needed. The forecast is the
-unweighted mean of the `top` best experts' points and bounds (per series): averaging a few good
-forecasts cancels part of their errors and does not flap between near-equal models as a hard
-choice does. An expert competes once it is ready and `min_errors` of its bounds were scored;
-Naive with the raw bound always competes, so every series has a forecast.
+unweighted mean of the `top` best experts' points and bounds (per series) among those whose loss
+is within `TOP_WITHIN` times the best's: averaging a few good forecasts cancels part of their
+errors and does not flap between near-equal models as a hard choice does, and leaving out the
+much worse keeps a seasonal model's forecast of a recurring burst whole. An expert competes
+once it is ready and `min_errors` of its bounds were scored; Naive with the raw bound always
+competes, so every series has a forecast.
 
 Calibration. Finally, per series and step, an additive correction to the combined bound keeps its
 own recent hit rate at q (adaptive conformal style): after each scored bound it moves by
@@ -83,7 +87,16 @@ __all__ = ["ForecastResult", "ScalerForecaster", "pinball_loss", "top_experts"]
 _MAD_TO_SIGMA = math.sqrt(math.pi / 2.0)
 _LEVEL_ALPHA = 0.3  # smoothed level the volatility is measured against
 _VOL_ALPHA = 0.1  # volatility: exponentially weighted mean absolute deviation from that level
+# The volatility the scaled experts divide by is at least this share of the series' mean one-step
+# change: through an idle spell the volatility decays toward 0 (0.9 a bin), and a burst's errors
+# divided by what is left of it read as millions of volatility units, so the next bound, scaled
+# back by the burst's volatility, asked for millions of replicas.
+_VOL_FLOOR = 1.0
+# And a scaled error counts at most this many volatilities (NaN stays NaN): the first bins of a
+# burst after a long calm are errors of hundreds of the calm's volatilities even above the floor.
+_SCALED_ERROR_CAP = 50.0
 _CALIBRATION_MEMORY = 50.0  # bins: the combined point's mean absolute error
+TOP_WITHIN = 2.0  # an expert joins the combination with at most this multiple of the best's loss
 _BLOCK_CELLS = 32768  # (expert, step, series) cells per block of the error statistics' update
 
 
@@ -104,14 +117,21 @@ def pinball_loss(y: FloatArray, bound: FloatArray, q: float) -> FloatArray:
     return np.maximum(q * diff, (q - 1.0) * diff)
 
 
-def top_experts(loss: FloatArray, usable: BoolArray, top: int) -> tuple[IntArray, FloatArray]:
+def top_experts(
+    loss: FloatArray, usable: BoolArray, top: int, within: float | None = None
+) -> tuple[IntArray, FloatArray]:
     """Per series (columns), the `top` usable experts (rows) with the least loss, best first,
-    and their weights (1 for a usable pick, 0 where fewer than `top` are usable). Ties go to the
-    earlier expert."""
+    and their weights: 1 for a usable pick whose loss is at most `within` times the best's, else
+    0 (`within` defaults to TOP_WITHIN). Ties go to the earlier expert. Near-equal experts are averaged (their errors partly
+    cancel); one several times worse is left out, or on a workload that bursts at a known
+    phase the flat models (which read the idle minutes before a burst as more of the same) would
+    pull the seasonal ones' forecast of the burst down to a fraction of it."""
     masked = np.where(usable, loss, np.inf)
     order = np.argsort(masked, axis=0, kind="stable")[:top]
-    weight = np.take_along_axis(usable, order, axis=0).astype(np.float64)
-    return order, weight
+    picked = np.take_along_axis(masked, order, axis=0)
+    ratio = TOP_WITHIN if within is None else within
+    weight = np.isfinite(picked) & (picked <= ratio * picked[:1])
+    return order, weight.astype(np.float64)
 
 
 def step_grid(horizon: int, eval_step: int) -> IntArray:
@@ -323,8 +343,9 @@ def _combine(
 class ScalerForecaster(RowState):
     """Candidates Naive, MovingAverage (6 and 12 bins), SimpleExponential, HoltDamped, and with a
     `period` SeasonalNaive and SeasonalHolt, all updated with the same observations; two experts
-    (raw and volatility-scaled bounds) per candidate; the mean of the `top` best experts, with a
-    calibrated bound. See the module docstring.
+    (raw and volatility-scaled bounds) per candidate; the mean of the `top` best experts (those
+    within `TOP_WITHIN` times the best's loss), with a calibrated bound. See the module
+    docstring.
 
     Defaults: `quantile` 0.9 (the bound the policy scales on); `eval_step` = `horizon`; error
     statistics over about `window` 100 bins (exponential weight at least 1/100), trusted after
@@ -561,6 +582,7 @@ class ScalerForecaster(RowState):
         err = np.empty((2 * c, g, self.n_series))
         np.subtract(values, due, out=err[:c])
         np.divide(err[:c], self._vol_issued[slots], out=err[c:])
+        np.clip(err[c:], -_SCALED_ERROR_CAP, _SCALED_ERROR_CAP, out=err[c:])
         valid = np.isfinite(err)
         valid &= ok
         fewest, few = self._fewest_errors(ok, valid)
@@ -650,7 +672,8 @@ class ScalerForecaster(RowState):
             self._level,
         )
         self._has_level |= ok
-        return np.where(self._vol > 0.0, self._vol, 1.0)
+        vol = np.maximum(self._vol, _VOL_FLOOR * self._scale)
+        return np.where(vol > 0.0, vol, 1.0)
 
     def _forecast(
         self, values: FloatArray, ok: BoolArray, vol: FloatArray, few: FloatArray | None

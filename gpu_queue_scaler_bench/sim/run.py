@@ -364,6 +364,9 @@ SWEEP_TARGET = 0.99  # the attainment the hindsight KEDA pick must reach (the go
 
 
 TOKEN_LOAD = 0.85  # the share of a replica's GPU time the scaler's token term aims at
+# The share of a replica's slots the bench configures as the scaler's `targetConcurrency`: the
+# operating point a user picks from a load test, below the server's batch limit.
+SLOT_SHARE = 0.8
 
 
 def token_capacities(svc: ServiceProfile, target_concurrency: float) -> dict[str, str]:
@@ -408,7 +411,7 @@ def run_bench(
         runs["oracle"], need = _oracle(requests, cfg, need, lead, origin, initial, progress)
     peak = max(1, int(need[pre_steps : pre_steps + trace_steps].max(initial=1)))
     max_replicas = cfg.max_replicas or max(2 * peak, initial)
-    target = max(1.0, math.floor(0.8 * slots))
+    target = max(1.0, math.floor(SLOT_SHARE * slots))
     metadata = scaler_metadata(
         target,
         cfg.slo_s,

@@ -188,6 +188,10 @@ def test_top_experts_picks_the_least_loss_among_usable() -> None:
     order, weight = top_experts(loss, usable, 3)
     assert order[:, 0].tolist() == [1, 2, 0]  # expert 3 is best but not usable
     assert order[:, 1].tolist() == [0, 1, 3]  # a tie goes to the earlier expert
+    # The third pick of each is over twice the best's loss (3.0 against 1.0; 9.0 against 1.0):
+    # left out of the combination; the second is within it (2.0; 1.0).
+    assert weight.tolist() == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]
+    _, weight = top_experts(loss, usable, 3, within=10.0)
     assert weight.tolist() == [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]
     order, weight = top_experts(loss, np.eye(4, 2, dtype=bool), 3)
     assert weight[:, 0].tolist() == [1.0, 0.0, 0.0]  # only one usable: it alone counts
@@ -206,6 +210,29 @@ def test_scaler_ramp_bound_stays_above_the_ramp() -> None:
             covered.append(result.upper[0, -1] >= ramp[i + horizon])
             assert result.point[0, -1] > ramp[i] - 2.0 * 12  # no worse than a 12-bin mean's lag
     assert np.mean(covered) >= 0.85
+
+
+def test_recurring_burst_is_forecast_whole_and_bounded() -> None:
+    """A burst of 7 for 60 bins every 240 (idle between), as a cron-driven batch would send:
+    from the third period on, the forecast made 3 to 20 bins before a burst sees it at its level
+    (the flat models, which read the idle spell as more of it, are left out of the
+    combination), and the bound at the start of a burst stays within a few times the burst,
+    never the millions the calm's vanishing volatility once scaled it to."""
+    period, horizon, burst = 240, 21, 7.0
+    rng = np.random.default_rng(0)
+    forecaster = ScalerForecaster(1, horizon, period)
+    before, highest = [], 0.0
+    for t in range(5 * period):
+        phase = t % period
+        y = burst + rng.normal(0.0, 0.5) if phase < 60 else 0.0
+        forecaster.update(np.array([y]))
+        result = forecaster.predict(horizon)
+        if t >= period:
+            highest = max(highest, float(result.upper.max()))
+        if t >= 2 * period and period - 20 <= phase <= period - 3:
+            before.append(float(result.point.max()))
+    assert min(before) >= 0.85 * burst
+    assert highest <= 3.0 * burst
 
 
 def test_scaler_step_is_followed() -> None:

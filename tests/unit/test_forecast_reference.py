@@ -25,7 +25,9 @@ from gpu_queue_scaler.forecast._arrays import State, observe
 from gpu_queue_scaler.forecast.select import (
     _CALIBRATION_MEMORY,
     _LEVEL_ALPHA,
+    _SCALED_ERROR_CAP,
     _VOL_ALPHA,
+    _VOL_FLOOR,
     pinball_loss,
     spread_steps,
     top_experts,
@@ -126,7 +128,10 @@ class Reference(ScalerForecaster):
         # 1. Errors of the forecasts made 1..h bins ago for this bin, per expert.
         due = self._pending[:, :, slots, self._at]  # (C, N, G)
         raw = column[None] - due
-        err = np.concatenate([raw, raw / self._vol_issued[None, :, slots]])
+        scaled = np.clip(
+            raw / self._vol_issued[None, :, slots], -_SCALED_ERROR_CAP, _SCALED_ERROR_CAP
+        )
+        err = np.concatenate([raw, scaled])
         valid = present[None] & np.isfinite(err)
         had = self._n > 0
         self._n += valid
@@ -184,7 +189,8 @@ class Reference(ScalerForecaster):
             self._level,
         )
         self._has_level |= ok
-        vol = np.where(self._vol > 0.0, self._vol, 1.0)
+        vol = np.maximum(self._vol, _VOL_FLOOR * self._scale)
+        vol = np.where(vol > 0.0, vol, 1.0)
 
         # 5. New forecasts: every candidate, every expert's bound, the combination.
         given = np.where(ok, values, np.nan)
