@@ -18,9 +18,9 @@ The rule, in the order `decide` applies it (each step names itself as the decisi
    the queue time's mean and p99, against 1 - sloAttainment);
 2. current_need / stabilization: the target is ceil(need); it rises at once, and falls only to
    the highest need seen within scaleDownStabilizationSeconds;
-3. forecast: with `forecast: on`, the target also covers the q90 forecast of need within the
-   horizon (coldStartSeconds + pollingIntervalSeconds), up and down
-   (`gpu_queue_scaler.decision.outlook`);
+3. forecast: with `forecast: on`, the target also covers the q90 forecast of demand within the
+   horizon (coldStartSeconds + pollingIntervalSeconds) times the closed loop's headroom, as the
+   need is (`gpu_queue_scaler.decision.outlook`);
 4. panic: when the need reaches panicThreshold x the replicas asked (or outruns the q90 forecast
    by a replica), the target is the need at face value and does not fall for PANIC_HOLD_S;
 5. active_floor / scale_to_zero: a workload with anything in flight or arriving within
@@ -516,9 +516,9 @@ def decide(
         if reason is Reason.STABILIZATION:
             detail += f"; held at {target}, the highest in {spec.scale_down_stabilization_s:g}s"
     # 2. The forecast: scale up to the upper forecast within the horizon (what is asked now
-    #    serves then), and never below it either.
+    #    serves then), with the headroom the need carries, and never below it either.
     if ahead is not None:
-        covered = max(0, math.ceil(ahead.upper_max - EPSILON))
+        covered = max(0, math.ceil(ahead.upper_max * headroom - EPSILON))
         if explain:
             detail += f"; {ahead.describe()} -> {covered}"
         if covered > target:

@@ -121,11 +121,12 @@ def top_experts(
     loss: FloatArray, usable: BoolArray, top: int, within: float | None = None
 ) -> tuple[IntArray, FloatArray]:
     """Per series (columns), the `top` usable experts (rows) with the least loss, best first,
-    and their weights: 1 for a usable pick whose loss is at most `within` times the best's, else
-    0 (`within` defaults to TOP_WITHIN). Ties go to the earlier expert. Near-equal experts are averaged (their errors partly
-    cancel); one several times worse is left out, or on a workload that bursts at a known
-    phase the flat models (which read the idle minutes before a burst as more of the same) would
-    pull the seasonal ones' forecast of the burst down to a fraction of it."""
+    and their weights: 1 for a usable pick whose loss is at most `within` (default TOP_WITHIN)
+    times the best's, else 0. Ties go to the earlier expert. Near-equal experts are averaged
+    (their errors partly cancel); one several times worse is left out, or on a workload that
+    bursts at a known phase the flat models (which read the idle minutes before a burst as
+    more of the same) would pull the seasonal ones' forecast of the burst down to a fraction
+    of it."""
     masked = np.where(usable, loss, np.inf)
     order = np.argsort(masked, axis=0, kind="stable")[:top]
     picked = np.take_along_axis(masked, order, axis=0)

@@ -616,12 +616,12 @@ FIELDS: tuple[Field, ...] = (
         "off",
         "on | off",
         "Size for the forecast over the horizon: the target covers the q90 forecast of need "
-        "within horizonSeconds, and a workload the forecast expects traffic for stays (or turns) "
-        "active. Off by default (reactive): with the closed-loop headroom (sloAttainment) the "
-        "simulator shows it costing more GPU-hours for about the same attainment "
-        "(bench/results/decision.md), so it is a per-workload choice until it pays; a "
-        "late-starting replica agrees with a running one once the forecaster's memory "
-        "(~100 bins) is covered.",
+        "within horizonSeconds (times the closed loop's headroom, as the need), and a workload "
+        "the forecast expects traffic for stays (or turns) active. Off by default (reactive): "
+        "with the closed-loop headroom (sloAttainment) the simulator shows it costing more "
+        "GPU-hours for about the same attainment (bench/results/decision.md), so it is a "
+        "per-workload choice until it pays; a late-starting replica agrees with a running one "
+        "once the forecaster's memory (~100 bins) is covered.",
     ),
     Field(
         "forecastStepSeconds",

@@ -689,6 +689,19 @@ def test_panic_off_below_the_threshold() -> None:
     assert up is not None and (up.replicas, up.reason) == (7, Reason.CURRENT_NEED)
 
 
+def test_the_forecast_is_scaled_by_the_headroom_the_closed_loop_learnt() -> None:
+    """The forecast is of demand, the need is demand x headroom: a workload whose measured
+    lateness raised its headroom to 1.5 pre-warms for 1.5 x the forecast of its next ramp too,
+    or every forecast ramp would start a headroom short and be late again."""
+    spec = make_spec(forecast="on", scaleDownStabilizationSeconds=0)
+    q90 = Outlook(point_max=3.0, upper_max=4.0, model="test", horizon_s=210.0, made_at=T0)
+    for headroom, expected in ((1.0, 4), (1.5, 6)):
+        state = PolicyState(headroom_log=math.log(headroom))
+        decision, _ = decide(spec, sig(T0, 8.0), state, T0, STALE, outlook=q90)
+        assert decision is not None
+        assert (decision.replicas, decision.reason) == (expected, Reason.FORECAST)
+
+
 def test_panic_enters_when_need_outruns_the_forecast_interval() -> None:
     """With forecasting, a need more than a replica above the q90 forecast is panic too, however
     little it is against what was asked (the threshold is off here): the queue outran what the
