@@ -520,7 +520,10 @@ def decide(
     if ahead is not None:
         covered = max(0, math.ceil(ahead.upper_max * headroom - EPSILON))
         if explain:
-            detail += f"; {ahead.describe()} -> {covered}"
+            detail += f"; {ahead.describe()}"
+            if headroom_log > 0.0:
+                detail += f" x headroom {headroom:.2f}"
+            detail += f" -> {covered}"
         if covered > target:
             target, reason = covered, Reason.FORECAST
     # 3. Panic: demand outran what was asked for (panicThreshold x the replicas asked within

@@ -700,6 +700,7 @@ def test_the_forecast_is_scaled_by_the_headroom_the_closed_loop_learnt() -> None
         decision, _ = decide(spec, sig(T0, 8.0), state, T0, STALE, outlook=q90)
         assert decision is not None
         assert (decision.replicas, decision.reason) == (expected, Reason.FORECAST)
+    assert "q90<=4.00 (test) x headroom 1.50 -> 6" in decision.detail
 
 
 def test_panic_enters_when_need_outruns_the_forecast_interval() -> None:
