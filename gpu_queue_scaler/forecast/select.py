@@ -91,7 +91,7 @@ _VOL_ALPHA = 0.1  # volatility: exponentially weighted mean absolute deviation f
 # change: through an idle spell the volatility decays toward 0 (0.9 a bin), and a burst's errors
 # divided by what is left of it read as millions of volatility units, so the next bound, scaled
 # back by the burst's volatility, asked for millions of replicas.
-_VOL_FLOOR = 1.0
+_VOL_FLOOR = 0.5
 # And a scaled error counts at most this many volatilities (NaN stays NaN): the first bins of a
 # burst after a long calm are errors of hundreds of the calm's volatilities even above the floor.
 _SCALED_ERROR_CAP = 50.0
