@@ -8,19 +8,34 @@ from gpu_queue_scaler.cli.options import Subcommands
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from gpu_queue_scaler.settings.config import ConfigError, load_config_file
+    """Exit 0 when every file is a valid config, 1 on a problem in one, 2 when one cannot be
+    read or is not YAML, as `scaler check` exits."""
+    from gpu_queue_scaler.settings.config import (
+        ConfigError,
+        load_config_text,
+        load_yaml_documents,
+        read_config_bytes,
+    )
 
-    failed = False
+    failed = unreadable = False
     for path in args.files:
         try:
-            config = load_config_file(path)
+            raw = read_config_bytes(path)
+            load_yaml_documents(raw, path)
+        except ConfigError as exc:
+            unreadable = True
+            for problem in exc.problems:
+                print(f"{path}: {problem}")
+            continue
+        try:
+            config = load_config_text(raw, path)
         except ConfigError as exc:
             failed = True
             for problem in exc.problems:
                 print(f"{path}: {problem}")
             continue
         print(f"{path}: ok ({len(config.profiles)} profiles)")
-    return 1 if failed else 0
+    return 2 if unreadable else 1 if failed else 0
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -31,7 +46,9 @@ def _check(args: argparse.Namespace) -> int:
 
 def register(sub: Subcommands) -> None:
     check = sub.add_parser(
-        "check-config", help="validate tuning YAML files; non-zero on any problem"
+        "check-config",
+        help="validate tuning YAML files; exit 1 on a problem, 2 on a file that cannot be read "
+        "or is not YAML",
     )
     check.add_argument("files", nargs="+", metavar="FILE")
     check.set_defaults(run=_check_config)

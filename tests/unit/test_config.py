@@ -582,13 +582,14 @@ def test_check_config_bad_file_prints_one_line_per_problem(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_check_config_answers_a_hostile_file_in_a_few_lines(tmp_path: Path) -> None:
-    """A 537-byte billion-laughs file and 5.9 MB of unknown keys: each one short line and exit 1
-    (the bomb took 45 s, printed 226 MB and died with MemoryError)."""
+    """A 537-byte billion-laughs file and 5.9 MB of unknown keys: each one short line and exit 2,
+    files not read whole or not loaded as YAML (the bomb took 45 s, printed 226 MB and died with
+    MemoryError)."""
     bomb, heap = tmp_path / "bomb.yaml", tmp_path / "heap.yaml"
     bomb.write_text(laughs(9))
     heap.write_text("defaults:\n" + "".join(f"  colour{i:07d}: {i}\n" for i in range(250_000)))
     result = check_config(bomb, heap)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 2, result.stderr
     assert result.stdout.splitlines() == [
         f"{bomb}: line 5, column 35: not accepted: more than {MAX_NODES} nodes with its aliases "
         "expanded; a tuning ConfigMap needs a few hundred",
@@ -597,12 +598,27 @@ def test_check_config_answers_a_hostile_file_in_a_few_lines(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+def test_check_config_exits_2_on_a_file_that_is_not_yaml_and_1_on_a_bad_value(
+    tmp_path: Path,
+) -> None:
+    """The exit codes `scaler check` uses: a CI job can tell a broken file from a bad setting."""
+    broken, bad = tmp_path / "broken.yaml", tmp_path / "bad.yaml"
+    broken.write_text("defaults: [targetConcurrency: 4\n")
+    bad.write_text(BAD)
+    result = check_config(broken)
+    assert result.returncode == 2, result.stdout
+    assert result.stdout.startswith(f"{broken}: line ")
+    assert "not valid YAML" in result.stdout
+    assert check_config(bad).returncode == 1
+
+
+@pytest.mark.slow
 def test_check_config_mixed_files_fail_and_report_both(tmp_path: Path) -> None:
     good, bad, missing = tmp_path / "good.yaml", tmp_path / "bad.yaml", tmp_path / "missing.yaml"
     good.write_text(GOOD)
     bad.write_text(BAD)
     result = check_config(bad, good, missing)
-    assert result.returncode == 1
+    assert result.returncode == 2  # a file it cannot read outranks one with problems, as in check
     lines = result.stdout.splitlines()
     assert f"{good}: ok (2 profiles)" in lines
     assert [line for line in lines if line.startswith(f"{bad}: ")] == lines[: len(BAD_PATHS)]
