@@ -29,7 +29,8 @@ from gpu_queue_scaler.engine.warm_start import WARM_STARTS_AT_ONCE
 from gpu_queue_scaler.settings.config import Config, ServerSettings
 from gpu_queue_scaler.settings.reload import ConfigStore
 from gpu_queue_scaler.settings.trigger import TriggerCache
-from gpu_queue_scaler_bench.load.polls import quantile, trigger_metadata
+from gpu_queue_scaler_bench.load import quantile
+from gpu_queue_scaler_bench.load.polls import trigger_metadata
 
 WAIT_S = 60.0  # the runs' own first-decision timeout: long enough to see every one finish
 

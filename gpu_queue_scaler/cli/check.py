@@ -12,23 +12,22 @@ def _check_config(args: argparse.Namespace) -> int:
     read or is not YAML, as `scaler check` exits."""
     from gpu_queue_scaler.settings.config import (
         ConfigError,
-        load_config_text,
         load_yaml_documents,
+        parse_documents,
         read_config_bytes,
     )
 
     failed = unreadable = False
     for path in args.files:
         try:
-            raw = read_config_bytes(path)
-            load_yaml_documents(raw, path)
+            documents = load_yaml_documents(read_config_bytes(path), path)
         except ConfigError as exc:
             unreadable = True
             for problem in exc.problems:
                 print(f"{path}: {problem}")
             continue
         try:
-            config = load_config_text(raw, path)
+            config = parse_documents(documents, path)
         except ConfigError as exc:
             failed = True
             for problem in exc.problems:

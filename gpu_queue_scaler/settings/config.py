@@ -337,7 +337,11 @@ def load_config_text(text: str | bytes, source: str = "<text>") -> Config:
     if len(raw) > MAX_CONFIG_BYTES:
         raise _too_large(source, len(raw))
     digest = hashlib.sha256(raw).hexdigest()
-    documents = load_yaml_documents(raw, source)
+    return parse_documents(load_yaml_documents(raw, source), source, digest)
+
+
+def parse_documents(documents: list[object], source: str, digest: str = "") -> Config:
+    """The config of documents `load_yaml_documents` returned: exactly one mapping (or none)."""
     if len(documents) > 1:
         raise ConfigError(
             source,

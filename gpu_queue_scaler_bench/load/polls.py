@@ -67,6 +67,7 @@ import grpc
 
 from gpu_queue_scaler._proto import externalscaler_pb2 as pb
 from gpu_queue_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from gpu_queue_scaler_bench.load import quantile
 
 ServerKind = Literal["scaler", "floor"]
 START_TIMEOUT_S = 30.0
@@ -278,13 +279,6 @@ class Calls:
         self.lag_s += other.lag_s
         self.first_s += other.first_s
         self.late += other.late
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 class KedaLoad:

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
 import httpx
-import numpy as np
 
 from gpu_queue_scaler.sources.httpclient import async_client
+from gpu_queue_scaler_bench.load import quantile
 from gpu_queue_scaler_bench.sim.workload import Requests, build_requests
 from gpu_queue_scaler_bench.traces import TraceError, load_trace
 
@@ -201,9 +201,7 @@ class Report:
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    return round(float(np.quantile(np.asarray(values, dtype=np.float64), q)), 6)
+    return round(quantile(values, q), 6) if values else None
 
 
 # ---- the plan: trace -> requests -----------------------------------------------------------------

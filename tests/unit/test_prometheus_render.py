@@ -591,6 +591,21 @@ async def test_reads_within_query_interval_reuse_the_last_answer(prometheus: Any
     assert later.waiting == 20.0
 
 
+async def test_a_changed_spec_is_read_with_its_own_queries(prometheus: Any) -> None:
+    """The source renders a workload's PromQL once per spec: a config reload or a changed trigger
+    (a new spec for the same workload) is read with the new queries on its next read."""
+    server, spec = await start_with(prometheus, {}, queryIntervalSeconds="0")
+    source = PrometheusSource(server.url)
+    await read(source, spec, at=1000.0)
+    assert any("[60s]" in q for q in server.queries)
+    assert not any("[120s]" in q for q in server.queries)
+    wider = spec_with(server, queryIntervalSeconds="0", rateWindowSeconds="120")
+    seen = len(server.queries)
+    await read(source, wider, at=1001.0)
+    asked = server.queries[seen:]
+    assert any("[120s]" in q for q in asked) and not any("[60s]" in q for q in asked)
+
+
 async def test_query_interval_zero_queries_every_read(prometheus: Any) -> None:
     server, spec = await start_with(prometheus, {}, queryIntervalSeconds="0")
     source = PrometheusSource(server.url)
