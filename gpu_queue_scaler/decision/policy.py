@@ -303,8 +303,9 @@ def observe_service_time(
     seen: tuple[tuple[int, float, int], ...], s: float | None, at: float
 ) -> tuple[tuple[int, float, int], ...]:
     """Add this tick's loaded S (None: not known) to its bucket; keep the buckets within
-    SERVICE_TIME_WINDOW_S. It feeds only the offered load the forecaster learns, never the target
-    itself, so it is not in `policy_memory_s`: a warm start replays the rule's memory, and a
+    SERVICE_TIME_WINDOW_S, or the newest one while none is (see below). It feeds only the
+    offered load the forecaster learns, never the target itself, so it is not in
+    `policy_memory_s`: a warm start replays the rule's memory, and a
     replica that started less than this window ago learns from a mean over fewer minutes (the
     forecaster's own warm start is already approximate, `forecast` in docs/tuning.md)."""
     bucket = math.floor((at + TICK_TOLERANCE_S) / SERVICE_TIME_BUCKET_S)
@@ -315,6 +316,12 @@ def observe_service_time(
             kept[-1] = (bucket, kept[-1][1] + s, kept[-1][2] + 1)
         else:
             kept.append((bucket, s, 1))
+    elif not kept and seen:
+        # Nothing served this window (scaled to zero): no server reports an S, yet requests
+        # arrive and wait for a cold start. The last minute that knew S stands for it until one
+        # does, or the offered load would read 0 through every scale from zero and the forecaster
+        # would learn each burst a cold start late.
+        kept = [seen[-1]]
     return tuple(kept)
 
 

@@ -840,6 +840,30 @@ def test_the_forecast_learns_arrivals_times_the_service_time_of_minutes_not_of_t
     assert offered[0] == pytest.approx(5.0)  # the first tick knows only its own S
 
 
+def test_a_scale_from_zero_offers_the_load_of_the_service_time_last_known() -> None:
+    """Scaled to zero for longer than the S window, no server reports S, yet the next burst's
+    requests arrive and wait a cold start. The offered load the forecaster learns is arrivals x
+    the S last known, not 0 (it was 0 for the whole cold start: each burst learnt that late)."""
+    spec = make_spec(targetConcurrency=10)
+    state = PolicyState()
+    at = T0
+    for _ in range(60):  # five minutes serving: S 20 s, 5 arrivals/s
+        signal = Signal(
+            at=at, source="test", waiting=0.0, running=100.0, arrival_rate=5.0, service_time_s=20.0
+        )
+        _, state = decide(spec, signal, state, at, STALE)
+        at += 5.0
+    for _ in range(360):  # half an hour idle, nothing served
+        _, state = decide(
+            spec, Signal(at=at, source="test", waiting=0.0, running=0.0), state, at, STALE
+        )
+        at += 5.0
+    waiting = Signal(at=at, source="test", waiting=20.0, running=0.0, arrival_rate=2.0)
+    decision, _ = decide(spec, waiting, state, at, STALE)
+    assert decision is not None
+    assert decision.offered == pytest.approx(2.0 * 20.0 / 10)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     values=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=120),
