@@ -133,9 +133,10 @@ class PrometheusSource:
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="prometheus")
         self._cache: dict[str, tuple[float, Signal]] = {}
         self._split_until: dict[str, float] = {}  # workload -> one query per signal until then
-        # workload -> (the spec, its PromQL by field): a spec changes only when its trigger or
-        # the config does, so its queries are rendered once per spec, not once per read.
-        self._rendered: dict[str, tuple[WorkloadSpec, dict[str, str]]] = {}
+        # workload -> (the spec, its PromQL by field, the same with the age query): a spec
+        # changes only when its trigger or the config does (the engine keeps one per resolve,
+        # `resolved_for`), so its queries are rendered once per spec, not once per read.
+        self._rendered: dict[str, tuple[WorkloadSpec, dict[str, str], dict[str, str]]] = {}
         self._batcher = Batcher(self._send_batch, SPLIT_S)
 
     def forget(self, workload: str) -> None:
@@ -280,25 +281,24 @@ class PrometheusSource:
         answers = await asyncio.gather(*(ask(q) for q in queries.values()), return_exceptions=True)
         return dict(zip(queries, answers, strict=True))
 
-    def _queries(self, key: str, spec: WorkloadSpec) -> dict[str, str]:
-        """The workload's PromQL by field, "_newest" the age query (when it has one)."""
+    def _queries(self, key: str, spec: WorkloadSpec, *, aged: bool) -> dict[str, str]:
+        """The workload's PromQL by field; `aged` adds "_newest", the age query (when it has
+        one), which a read asks and a history does not."""
         kept = self._rendered.get(key)
-        if kept is not None and kept[0] is spec:
-            return kept[1]
-        matchers, exprs = plan(spec)
-        queries = {field: render(expr, spec, matchers) for field, expr in exprs.items()}
-        newest_query = age_query(spec, exprs, matchers)
-        if newest_query:
-            queries["_newest"] = newest_query
-        self._rendered[key] = (spec, queries)
-        return queries
+        if kept is None or kept[0] is not spec:
+            matchers, exprs = plan(spec)
+            fields = {field: render(expr, spec, matchers) for field, expr in exprs.items()}
+            newest_query = age_query(spec, exprs, matchers)
+            with_age = {**fields, "_newest": newest_query} if newest_query else fields
+            kept = self._rendered[key] = (spec, fields, with_age)
+        return kept[2] if aged else kept[1]
 
     async def read(self, spec: WorkloadSpec, at: float) -> Signal:
         key = user_key(spec.trigger)
         cached = self._cache.get(key)
         if cached is not None and 0 <= at - cached[0] < spec.query_interval_s:
             return cached[1]
-        queries = self._queries(key, spec)
+        queries = self._queries(key, spec, aged=True)
         results = await self._read_results(key, queries, spec.query_timeout_s)
         values: dict[str, float | None] = {}
         reasons: list[str] = []
@@ -334,9 +334,7 @@ class PrometheusSource:
         as a read's are (`_results`); any failure fails the history."""
         if end <= start:
             return []
-        queries = {
-            f: q for f, q in self._queries(user_key(spec.trigger), spec).items() if f != "_newest"
-        }
+        queries = self._queries(user_key(spec.trigger), spec, aged=False)
         last = start + math.floor((end - start) / step - 1e-9) * step
         timeout = spec.query_timeout_s * 4
 
