@@ -6,10 +6,12 @@ and the benches all call a `Decider`, so what the bench measures is what serves 
 it.
 
 A `Decider` owns what a workload carries between ticks: the `PolicyState` (the policy's windows,
-the replicas asked and not yet ready, the closed-loop headroom) and its forecast seat: a row of a
-`ForecastBank` shared with other workloads (the engine's `ForecastBanks`; a decider built alone
-gets banks of its own), or, while `replaying` history, a `NeedForecast` of its own that then joins
-the bank holding what a live row would hold (`ForecastBank.adopt`).
+the replicas asked and not yet ready, the closed-loop headroom), the demand's recent history and
+period (`gpu_queue_scaler.decision.season.Season`: what `forecast: wake` reads) and, with
+`forecast: on`, its forecast seat: a row of a `ForecastBank` shared with other workloads (the
+engine's `ForecastBanks`; a decider built alone gets banks of its own), or, while `replaying`
+history, a `NeedForecast` of its own that then joins the bank holding what a live row would hold
+(`ForecastBank.adopt`).
 
 Synchronous and without I/O or a clock: time is an argument, and the caller schedules the ticks
 (the engine on its tick grid, the simulator on its step). The policy state is a value (`state`)
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 from gpu_queue_scaler.decision.bank import BankedForecast, ForecastBanks
 from gpu_queue_scaler.decision.outlook import NeedForecast, Outlook
 from gpu_queue_scaler.decision.policy import Decision, PolicyState, Reason, decide, hold
+from gpu_queue_scaler.decision.season import HISTORY_S, Season
 from gpu_queue_scaler.settings.fields import BY_KEY
 from gpu_queue_scaler.signals import Signal
 
@@ -53,6 +56,7 @@ class Decider:
         self.state = state if state is not None else PolicyState()
         self.banks = banks if banks is not None else ForecastBanks()
         self.forecast: BankedForecast | NeedForecast | None = None
+        self.season: Season | None = None  # the demand's history and period, with a forecast
         self._replaying = False
 
     def configure(self, spec: WorkloadSpec, stale_s: float) -> None:
@@ -73,6 +77,7 @@ class Decider:
         """Decide tick `at` from `signal` (None: no signal, the last decision is held), carry the
         state to the next tick and feed the forecaster. `explain=False` leaves the decision's
         detail empty (a replay's decisions are read by no one but the next tick)."""
+        outlook = self.outlook()
         decision, self.state = decide(
             self.spec,
             signal,
@@ -80,9 +85,17 @@ class Decider:
             at,
             self.stale_s,
             faults,
-            outlook=self.outlook(),
+            outlook=outlook,
             explain=explain,
         )
+        if (
+            explain
+            and decision is not None
+            and self.spec.forecast_wakes_only
+            and decision.reason is not Reason.HOLD
+            and decision.outlook is None
+        ):
+            decision = decision._replace(detail=decision.detail + self._wake_note(outlook))
         self.learn(at, decision)
         return decision
 
@@ -104,31 +117,85 @@ class Decider:
     # --- the forecast seat ---------------------------------------------------------------------
 
     def outlook(self) -> Outlook | None:
-        """The current forecast outlook (None with forecasting off); the seat is taken on first
-        use and taken again when the forecast's step, horizon or season change."""
+        """The current forecast outlook (None with forecasting off). With `forecast: on` it is
+        the forecaster's, from a seat taken on first use and taken again when the forecast's
+        step, horizon or season change (a season found in the demand, `seasonPeriodSeconds:
+        auto`: the new seat learns the history held). With `wake` it is the season's own
+        (`Season.outlook`), once two periods are held: no forecaster seat."""
         spec = self.spec
         if not spec.forecast:
             self.release()
+            self.season = None
             return None
-        shape = (spec.forecast_step_s, spec.horizon_s, spec.season_period_s)
+        season = self.season
+        wake = spec.forecast_wakes_only
+        if season is None or (season.step_s, season.search, season.keep) != (
+            spec.forecast_step_s,
+            spec.season_auto,
+            wake,
+        ):
+            season = self.season = Season(spec.forecast_step_s, spec.season_auto, keep=wake)
+        period_s = spec.season_period_s
+        if spec.season_auto and season.period_s is not None:
+            period_s = season.period_s
+        if wake:
+            self.release()
+            return None if period_s is None else season.outlook(period_s, spec.horizon_s)
+        shape = (spec.forecast_step_s, spec.horizon_s, period_s)
         current = self.forecast
         if current is None or (current.step_s, current.horizon_s, current.period_s) != shape:
+            found = current is not None and current.period_s != period_s and spec.season_auto
             self.release()
-            current = self.forecast = (
-                NeedForecast(*shape) if self._replaying else self.banks.join(*shape)
-            )
+            if found:  # the new seat learns the demand held (`Season.replay_into`)
+                private = NeedForecast(*shape)
+                season.replay_into(private)
+                if self._replaying:
+                    current = self.forecast = private
+                else:
+                    current = self.forecast = self.banks.join(*shape)
+                    current.adopt(private)
+            else:
+                current = self.forecast = (
+                    NeedForecast(*shape) if self._replaying else self.banks.join(*shape)
+                )
         return current.outlook
+
+    def _wake_note(self, outlook: Outlook | None) -> str:
+        """Why `forecast: wake` did not read the forecast on this tick (for `scaler explain`)."""
+        if outlook is not None:
+            return "; forecast (wake) not read: the workload needed replicas within the window"
+        spec = self.spec
+        found = self.season.period_s if self.season is not None else None
+        period = found if spec.season_auto and found is not None else spec.season_period_s
+        if spec.season_auto and found is None:
+            return "; forecast (wake) not read: no period found in the demand yet"
+        if period is None:
+            return "; forecast (wake) never read: no season (seasonPeriodSeconds=0)"
+        if 2 * period > HISTORY_S:
+            return (
+                f"; forecast (wake) never read: two periods of {period:g}s do not fit the "
+                f"{HISTORY_S:g}s of history it holds (forecast: on forecasts longer seasons)"
+            )
+        which = "found" if found == period else "set"
+        # Not how much has been seen: the detail stays a function of the policy state and the
+        # signal, as the rest of the decision is (a state handed back decides the same).
+        return (
+            f"; forecast (wake) not read until two periods are seen: period {period:g}s ({which})"
+        )
 
     def learn(self, at: float, decision: Decision | None) -> None:
         """Feed the demand behind a fresh decision (not a held one) to the forecaster: the
         offered load when it is known (`capacity.offered`), else the need. The need of a queued
         fleet depends on the fleet itself (a short fleet queues, then drains), the offered load
         does not, and that is what is ahead of us to forecast."""
-        if self.forecast is not None and self.spec.forecast:
+        if self.spec.forecast and (self.forecast is not None or self.season is not None):
             value = None
             if decision is not None and decision.reason is not Reason.HOLD:
                 value = decision.demand
-            self.forecast.observe(at, value)
+            if self.season is not None:
+                self.season.observe(at, value)
+            if self.forecast is not None:
+                self.forecast.observe(at, value)
 
     def release(self) -> None:
         """Give the forecast's bank row back (the workload is gone, or its forecast settings

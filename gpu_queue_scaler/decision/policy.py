@@ -171,6 +171,9 @@ class PolicyState(NamedTuple):
     # log(headroom) of the closed loop on measured attainment, and the tick it was last moved.
     headroom_log: float = 0.0
     headroom_at: float | None = None
+    # The last tick whose stabilization window held no need (`forecast: wake` reads the
+    # forecast from then until a horizon later).
+    quiet_at: float | None = None
 
 
 def _within(t: float, start: float) -> bool:
@@ -497,6 +500,17 @@ def decide(
     # Unknown history counts as busy: a scaler that just started never scales to zero at once.
     idle_since = last_busy if last_busy is not None else first_at
     ahead = outlook if spec.forecast else None
+    quiet_at = at if recent[0][1] < 1 else state.quiet_at
+    if (
+        ahead is not None
+        and spec.forecast_wakes_only
+        and (quiet_at is None or at - quiet_at >= spec.horizon_s - TICK_TOLERANCE_S)
+    ):
+        # `forecast: wake`: the forecast speaks only for a workload that needed nothing for a
+        # whole stabilization window (it wakes it, or keeps it, ahead of a recurring ramp), and
+        # for a horizon after, while the replicas it woke are on their way and the ramp it
+        # foresaw arrives; a busy one is sized by its need.
+        ahead = None
     # Traffic expected within the horizon (the q90 forecast holds a request or more) keeps a
     # workload active, and activates an idle one before its ramp: scale from zero takes a
     # cold start, so it has to begin a horizon early.
@@ -631,4 +645,5 @@ def decide(
         service_fit=service_fit,
         headroom_log=headroom_log,
         headroom_at=at if late is not None else state.headroom_at,
+        quiet_at=quiet_at,
     )

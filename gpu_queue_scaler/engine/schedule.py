@@ -103,11 +103,11 @@ def history_segments(spec: WorkloadSpec, end: float, interval: float) -> tuple[S
     """What a warm start replays up to the tick `end`, older part first. The fine part, tick for
     tick, covers all the policy remembers exactly: the stabilization window, replicas asked
     within the horizon, and panic's windows. The older part, on a coarser grid, covers the idle
-    window and, with forecasting on, the forecaster's memory (its error window plus a horizon
+    window and, with `forecast: on`, the forecaster's memory (its error window plus a horizon
     of bins), so a late replica's outlook matches."""
     fine = _segment(end, policy_memory_s(spec), interval)
     memory = spec.scale_to_zero_idle_s
-    if spec.forecast:
+    if spec.forecast and not spec.forecast_wakes_only:  # `wake`: see Decider.outlook
         bins = FORECAST_MEMORY_BINS + math.ceil(spec.horizon_s / spec.forecast_step_s)
         memory = max(memory, min(FORECAST_WARMUP_MAX_S, bins * spec.forecast_step_s))
     return _segment(fine.start, max(0.0, memory - (end - fine.start)), interval), fine

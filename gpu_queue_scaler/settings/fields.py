@@ -129,6 +129,18 @@ def choice(*options: str) -> Parser:
     return parse
 
 
+AUTO = "auto"
+DAILY_S = 86400.0
+_SEASON_RANGE = Range(0, 7 * 86400)
+
+
+def season_period(raw: object) -> str | float:
+    """`auto`, or seconds within _SEASON_RANGE."""
+    if isinstance(raw, str) and raw.strip() == AUTO:
+        return AUTO
+    return _SEASON_RANGE(raw)
+
+
 def pattern(regex: str, max_len: int) -> Parser:
     compiled = re.compile(regex)
 
@@ -612,16 +624,20 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "forecast",
         Scope.TUNING,
-        choice("on", "off"),
-        "off",
-        "on | off",
-        "Size for the forecast over the horizon: the target covers the q90 forecast of need "
-        "within horizonSeconds (times the closed loop's headroom, as the need), and a workload "
-        "the forecast expects traffic for stays (or turns) active. Off by default (reactive): "
-        "with the closed-loop headroom (sloAttainment) the simulator shows it costing more "
-        "GPU-hours for about the same attainment (bench/results/decision.md), so it is a "
-        "per-workload choice until it pays; a late-starting replica agrees with a running one "
-        "once the forecaster's memory (~100 bins) is covered.",
+        choice("on", "off", "wake"),
+        "wake",
+        "on | off | wake",
+        "`on`: size for the forecast over the horizon: the target covers the q90 forecast of "
+        "need within horizonSeconds (times the closed loop's headroom, as the need), and a "
+        "workload the forecast expects traffic for stays (or turns) active; the simulator shows "
+        "it costing more GPU-hours for about the same attainment on traffic that never idles "
+        "(bench/results/decision.md), and a late-starting replica agrees with a running one once "
+        "the forecaster's memory (~100 bins) is covered. `wake` (the default): only a workload "
+        "that needed nothing for a whole scaleDownStabilizationSeconds (and for a horizon after) "
+        "reads a forecast, its own demand over the coming horizon one and two periods ago, once "
+        "two periods of seasonPeriodSeconds are held: it is kept, or brought back, a horizon "
+        "before a recurring ramp, and a busy workload is sized by its need alone. `off`: no "
+        "forecast.",
     ),
     Field(
         "forecastStepSeconds",
@@ -634,11 +650,14 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "seasonPeriodSeconds",
         Scope.TUNING,
-        real(0, 7 * 86400),
-        86400.0,
-        "a number of seconds from 0 to 604800 (0: no seasonal models)",
-        "Period of the seasonal candidates (daily by default); they compete once the history "
-        "covers two periods.",
+        season_period,
+        "auto",
+        "auto, or a number of seconds from 0 to 604800 (0: no seasonal models)",
+        "Period of the seasonal forecasts: the forecaster's seasonal candidates compete once the "
+        "history covers two periods, and `forecast: wake` reads one once two are held (at most "
+        "3 hours). `auto`: the period the workload's own demand recurs with, found by "
+        "autocorrelation over its last 6 hours (10 minutes to under 6 hours; the daily period "
+        "until one is found).",
     ),
     Field(
         "scaleDownStabilizationSeconds",

@@ -13,7 +13,14 @@ from typing import Any
 
 from gpu_queue_scaler.catalog import CATALOGS, QUERY_KEYS
 from gpu_queue_scaler.settings.config import Config
-from gpu_queue_scaler.settings.fields import BY_KEY, TUNING_KEYS, FieldError, check_bounds
+from gpu_queue_scaler.settings.fields import (
+    AUTO,
+    BY_KEY,
+    DAILY_S,
+    TUNING_KEYS,
+    FieldError,
+    check_bounds,
+)
 from gpu_queue_scaler.settings.trigger import TriggerSpec
 
 
@@ -48,9 +55,11 @@ class WorkloadSpec:
     cold_start_s: float
     polling_interval_s: float
     horizon_s: float
-    forecast: bool
+    forecast: bool  # a forecaster runs (`forecast: on` or `wake`)
     forecast_step_s: float
-    season_period_s: float | None
+    season_period_s: float | None  # with season_auto, the period until one is found
+    forecast_wakes_only: bool  # `forecast: wake`
+    season_auto: bool  # `seasonPeriodSeconds: auto`
     scale_down_stabilization_s: float
     scale_down_max_percent: float
     replicas_per_node: int
@@ -82,6 +91,14 @@ class WorkloadSpec:
         if self.signal_source == "prometheus":
             return self.query_timeout_s * 3 + 1.0
         return self.scrape_timeout_s + 5.0  # plus an EndpointSlice list on a cold cache
+
+
+def _season_period(value: str | float) -> float | None:
+    """The forecaster's period: with `auto`, the daily one until the demand shows another
+    (`gpu_queue_scaler.decision.season`); 0 is none."""
+    if value == AUTO:
+        return DAILY_S
+    return float(value) or None
 
 
 def _scale_down_window(merged: dict[str, Any], given: set[str], horizon: float) -> float:
@@ -134,9 +151,11 @@ def resolve(trigger: TriggerSpec, config: Config) -> WorkloadSpec:
         cold_start_s=merged["coldStartSeconds"],
         polling_interval_s=merged["pollingIntervalSeconds"],
         horizon_s=horizon,
-        forecast=merged["forecast"] == "on",
+        forecast=merged["forecast"] != "off",
+        forecast_wakes_only=merged["forecast"] == "wake",
         forecast_step_s=merged["forecastStepSeconds"],
-        season_period_s=merged["seasonPeriodSeconds"] or None,
+        season_period_s=_season_period(merged["seasonPeriodSeconds"]),
+        season_auto=merged["seasonPeriodSeconds"] == AUTO,
         scale_down_stabilization_s=_scale_down_window(merged, given, horizon),
         scale_down_max_percent=merged["scaleDownMaxPercent"],
         replicas_per_node=merged["replicasPerNode"],

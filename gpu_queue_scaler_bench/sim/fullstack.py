@@ -51,7 +51,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_queue_scaler.serve.server import ScalerServer
 from gpu_queue_scaler.settings.config import Config, ServerSettings
-from gpu_queue_scaler.settings.fields import BY_KEY
+from gpu_queue_scaler.settings.fields import AUTO, BY_KEY, DAILY_S
 from gpu_queue_scaler.settings.reload import ConfigStore
 from gpu_queue_scaler.settings.spec import resolve
 from gpu_queue_scaler.settings.trigger import parse_trigger
@@ -109,7 +109,11 @@ def dilate_metadata(metadata: Mapping[str, str], speedup: float) -> dict[str, st
     out = dict(metadata)
     for key in _DEFAULTED:
         if key not in out and BY_KEY[key].default is not None:
-            out[key] = f"{float(BY_KEY[key].default):g}"
+            out[key] = f"{BY_KEY[key].default}"
+    if out.get("seasonPeriodSeconds", "").strip() == AUTO:
+        # The period search's own spans (gpu_queue_scaler.decision.season) are wall time, not
+        # dilated: the sped-up run takes the period `auto` starts from, the daily one.
+        out["seasonPeriodSeconds"] = f"{DAILY_S:g}"
     for key in DILATED_KEYS:
         if key in out:
             out[key] = f"{float(out[key]) / speedup:.6g}"

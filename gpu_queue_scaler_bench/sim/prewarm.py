@@ -21,7 +21,7 @@ empty the least-used nodes first and WhenEmpty consolidation can remove them. Va
   which the planner is not told about).
 
 Rows (`gpu_queue_scaler_bench.sim.run.companion_rows`): `scaler+companion` is the product's default,
-the scaler with its default metadata (forecast off) plus the companion, whose placeholders then
+the scaler with its default metadata (forecast wake) plus the companion, whose placeholders then
 stand only for a target the HPA lags by a whole pass, so what it buys there is the packing;
 `scaler+forecast` is the scaler with forecast=on and `scaler+prewarm` the same plus the
 companion (placeholders for the forecast q90 beyond the target, and packing): the gap between

@@ -214,7 +214,7 @@ def table(result: BenchResult) -> str:
         )
     if any(m.name == PREWARM for m in measures):
         lines.append(
-            f"{COMPANION} is the scaler as configured (forecast off by default) plus the "
+            f"{COMPANION} is the scaler as configured (forecast wake by default) plus the "
             f"Karpenter companion; {FORECAST} and {PREWARM} run the scaler with forecast=on, "
             f"{PREWARM} adds the companion. The companion (gpu_queue_scaler.companion every 15 s): "
             "placeholder pods hold GPUs for the target or forecast q90, so nodes launch ahead "

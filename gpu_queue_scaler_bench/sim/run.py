@@ -16,8 +16,8 @@ flight finish; whatever is still queued or running then counts as dropped. Billi
 trace's span.
 
 With `SimConfig.companion` three rows follow the scaler's: `scaler+companion` (the scaler as
-configured, forecast off by default, plus the Karpenter companion: placeholders for its target and
-pod-deletion-cost packing; the product's default), `scaler+forecast` (the scaler with
+configured, forecast wake by default, plus the Karpenter companion: placeholders for its
+target and pod-deletion-cost packing; the product's default), `scaler+forecast` (the scaler with
 forecast=on) and `scaler+prewarm` (the same plus the companion: placeholders for the forecast,
 and packing; `gpu_queue_scaler_bench.sim.prewarm`), so the effect of the companion, the forecast and
 the pre-warm each show.
@@ -518,7 +518,7 @@ def _oracle(
 
 def companion_rows(cfg: SimConfig, metadata: Mapping[str, str]) -> dict[str, Callable[[], Policy]]:
     """The companion mode's rows: the scaler as configured with the companion (its default
-    metadata: forecast off), then the scaler with forecast=on without and with the companion.
+    metadata: forecast wake), then the scaler with forecast=on without and with the companion.
     When the configured scaler already forecasts, scaler+companion would repeat scaler+prewarm
     and is left out, and so is scaler+forecast if the plain scaler row runs (it would repeat it)."""
     if not cfg.companion:

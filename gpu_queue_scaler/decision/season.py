@@ -1,0 +1,198 @@
+"""A workload's demand over the last hours, and the period found in it (`seasonPeriodSeconds:
+auto`).
+
+Why here and not in the forecaster: the forecaster's seasonal models are built for one period
+and share a bank with every workload of the same shape, so a period found later means a new
+forecast seat. This keeps what that seat needs: the demand in bins of the forecast's step for
+the last `HISTORY_S` (a ring allocated once: 17 KB at the default 10 s step), so the new seat
+learns it at once (`replay_into`) instead of waiting two periods more. The same ring is what
+`forecast: wake` reads (`outlook`): the demand one and two periods ago, once the series has run
+two periods (`covers`), with no forecaster seat at all. Deterministic, no I/O, no clock.
+
+The search (`gpu_queue_scaler.forecast.period.find_period`) runs when a minute of bins closes,
+over periods from `MIN_PERIOD_S` to what the history can judge (the series and its shift
+overlapping by `MIN_OVERLAP_S`). A period found stays until another recurs clearly more
+(`SWITCH_MARGIN` of autocorrelation): each switch restarts the forecast seat on the history, so
+it must not flap between near-equal lags. A pattern that pauses (a weekend) keeps its period.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpu_queue_scaler.decision.outlook import MAX_GAP_BINS, NeedForecast, Outlook, horizon_bins
+from gpu_queue_scaler.forecast.period import autocorrelation, find_period
+
+HISTORY_S = 6 * 3600.0  # as the engine's forecast warm-up (engine.schedule.FORECAST_WARMUP_MAX_S)
+MIN_PERIOD_S = 600.0  # a shorter cycle is inside a few cold starts: the reactive need follows it
+MIN_OVERLAP_S = 1200.0  # a lag is judged on at least this much of the series and its shift
+SEARCH_EVERY_S = 60.0
+SWITCH_MARGIN = 0.1
+
+
+def held(series: np.ndarray, limit: int) -> np.ndarray:
+    """The series with each gap of at most `limit` bins holding the value before it: a demand
+    decided every 30 s holds until the next tick, so 10 s bins without a tick are not unknown
+    (left unknown, they would make every lag that aligns the ticks look like a period)."""
+    known = np.isfinite(series)
+    if known.all() or not known.any():
+        return series
+    index = np.arange(series.size)
+    last = np.maximum.accumulate(np.where(known, index, -1))
+    fill = (~known) & (last >= 0) & (index - last <= limit)
+    out = series.copy()
+    out[fill] = series[last[fill]]
+    return out
+
+
+def minute_means(series: np.ndarray, every: int) -> np.ndarray:
+    """Means of consecutive groups of `every` points, the newest group last and whole (a
+    partial oldest group is left out); NaN where a group has no known point."""
+    if every <= 1:
+        return series
+    groups = series[series.size % every :].reshape(-1, every)
+    known = np.isfinite(groups)
+    counts = known.sum(axis=1)
+    sums = np.where(known, groups, 0.0).sum(axis=1)
+    means: np.ndarray = np.divide(
+        sums, counts, out=np.full(counts.size, math.nan), where=counts > 0
+    )
+    return means
+
+
+class Season:
+    """Bins of demand at `step_s` for the last HISTORY_S (with `search` or `keep`), how long
+    the series has run, and the period found in it (with `search`)."""
+
+    def __init__(self, step_s: float, search: bool, keep: bool = False) -> None:
+        self.step_s = step_s
+        self.search = search
+        self.keep = keep
+        size = max(1, round(HISTORY_S / step_s)) if search or keep else 0
+        self._ring = np.full(size, math.nan)
+        self._outlook: tuple[tuple[int, float, float], Outlook | None] | None = None
+        self.bin: int | None = None  # the open bin
+        self.first_bin = 0
+        self._total = 0.0
+        self._count = 0
+        self._searched_at: int | None = None
+        self.period_s: float | None = None  # found (with `search`)
+        self.score = 0.0  # the autocorrelation at the period when it was last confirmed
+
+    @property
+    def seen_s(self) -> float:
+        """How long the series has run (since its first bin, or its last restart)."""
+        return 0.0 if self.bin is None else (self.bin - self.first_bin) * self.step_s
+
+    def covers(self, period_s: float) -> bool:
+        """The series has run two periods (a seasonal model's forecast is then its own)."""
+        return self.seen_s >= 2 * period_s
+
+    def observe(self, at: float, demand: float | None) -> bool:
+        """Add the demand decided at `at`; True when the period found changed."""
+        index = math.floor(at / self.step_s)  # outlook.bin_index, without the call
+        closed = False
+        if index != self.bin:
+            if self.bin is None or index - self.bin > MAX_GAP_BINS:  # a restart (NeedForecast's)
+                self._ring[:] = math.nan
+                self.bin = self.first_bin = index
+                self._total, self._count = 0.0, 0
+            elif index > self.bin:
+                self._close(index)
+                closed = True
+        if demand is not None and math.isfinite(demand):
+            self._total += demand
+            self._count += 1
+        return closed and self.search and self._search()
+
+    def _close(self, index: int) -> None:
+        """Close the open bin and any after it before `index` (no demand: NaN)."""
+        assert self.bin is not None
+        size = self._ring.size
+        if size:
+            self._ring[self.bin % size] = self._total / self._count if self._count else math.nan
+            if index > self.bin + 1:
+                gap = np.arange(self.bin + 1, min(index, self.bin + 1 + size))
+                self._ring[gap % size] = math.nan
+        self._total, self._count = 0.0, 0
+        self.bin = index
+
+    def history(self) -> np.ndarray:
+        """The closed bins held, oldest first (NaN: no demand decided in that bin)."""
+        if self.bin is None or not self._ring.size:
+            return np.zeros(0)
+        n = min(self._ring.size, self.bin - self.first_bin)
+        return np.take(self._ring, np.arange(self.bin - n, self.bin) % self._ring.size)
+
+    def _search(self) -> bool:
+        """Search the minute means of the history (the period to the minute is all a seasonal
+        model needs, and the search costs a sixth of one on 10 s bins)."""
+        assert self.bin is not None
+        every = max(1, round(SEARCH_EVERY_S / self.step_s))
+        if self._searched_at is not None and self.bin - self._searched_at < every:
+            return False
+        self._searched_at = self.bin
+        unit = every * self.step_s  # seconds per point searched
+        min_lag, min_overlap = math.ceil(MIN_PERIOD_S / unit), math.ceil(MIN_OVERLAP_S / unit)
+        bins = min(self._ring.size, self.bin - self.first_bin)
+        if bins // every <= min_lag + min_overlap:
+            return False  # too short to judge any period: no arithmetic
+        series = minute_means(held(self.history(), every), every)
+        found = find_period(series, min_lag=min_lag, min_overlap=min_overlap)
+        if found is None:
+            return False
+        lag, score = found
+        period_s = lag * unit
+        if period_s != self.period_s and self.period_s is not None:
+            current = round(self.period_s / unit)
+            r = autocorrelation(series)
+            if current < r.size and score < r[current] + SWITCH_MARGIN:
+                return False
+        changed = period_s != self.period_s
+        self.period_s, self.score = period_s, score
+        return changed
+
+    def outlook(self, period_s: float, horizon_s: float) -> Outlook | None:
+        """The seasonal outlook `forecast: wake` reads: the demand over the coming horizon as it
+        was one period ago (the point) and the higher of one and two periods ago (the bound),
+        once the history holds two periods (None before, or when two do not fit HISTORY_S).
+        A recurring burst is forecast whole, a horizon ahead, from the demand itself; a burst
+        that did not come back a period ago drops out of the point at once. O(horizon) per bin,
+        no forecaster seat: `wake` runs for every workload by default."""
+        if self.bin is None or not self._ring.size or not self.covers(period_s):
+            return None
+        period = round(period_s / self.step_s)
+        if period < 1 or 2 * period > self._ring.size:
+            return None
+        key = (self.bin, period_s, horizon_s)
+        if self._outlook is not None and self._outlook[0] == key:
+            return self._outlook[1]
+        ahead = horizon_bins(self.step_s, horizon_s)
+        peaks = []
+        for back in (period, 2 * period):
+            start = self.bin - back
+            window = self._ring[np.arange(start, min(start + ahead, self.bin)) % self._ring.size]
+            known = window[np.isfinite(window)]
+            peaks.append(float(known.max()) if known.size else 0.0)
+        made = Outlook(
+            point_max=peaks[0],
+            upper_max=max(peaks),
+            model="SeasonalMax",
+            horizon_s=horizon_s,
+            made_at=self.bin * self.step_s,
+        )
+        self._outlook = (key, made)
+        return made
+
+    def replay_into(self, forecast: NeedForecast) -> None:
+        """Feed the bins held, then the open bin's demand so far, to a fresh forecast."""
+        if self.bin is None:
+            return
+        series = self.history()
+        first = self.bin - series.size
+        for offset, mean in enumerate(series.tolist()):
+            forecast.observe((first + offset) * self.step_s, mean if math.isfinite(mean) else None)
+        forecast.advance(self.bin)
+        forecast.total, forecast.count = self._total, self._count
