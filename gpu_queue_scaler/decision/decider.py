@@ -135,9 +135,7 @@ class Decider:
             wake,
         ):
             season = self.season = Season(spec.forecast_step_s, spec.season_auto, keep=wake)
-        period_s = spec.season_period_s
-        if spec.season_auto and season.period_s is not None:
-            period_s = season.period_s
+        period_s = self._period_s()
         if wake:
             self.release()
             return None if period_s is None else season.outlook(period_s, spec.horizon_s)
@@ -160,13 +158,19 @@ class Decider:
                 )
         return current.outlook
 
+    def _period_s(self) -> float | None:
+        """The season the forecast runs on: the one found in the demand (`auto`), else the
+        configured one (with `auto`, the daily one until a period is found)."""
+        found = self.season.period_s if self.season is not None else None
+        return found if self.spec.season_auto and found is not None else self.spec.season_period_s
+
     def _wake_note(self, outlook: Outlook | None) -> str:
         """Why `forecast: wake` did not read the forecast on this tick (for `scaler explain`)."""
         if outlook is not None:
             return "; forecast (wake) not read: the workload needed replicas within the window"
         spec = self.spec
         found = self.season.period_s if self.season is not None else None
-        period = found if spec.season_auto and found is not None else spec.season_period_s
+        period = self._period_s()
         if spec.season_auto and found is None:
             return "; forecast (wake) not read: no period found in the demand yet"
         if period is None:

@@ -9,7 +9,7 @@ learns it at once (`replay_into`) instead of waiting two periods more. The same 
 `forecast: wake` reads (`outlook`): the demand one and two periods ago, once the series has run
 two periods (`covers`), with no forecaster seat at all. Deterministic, no I/O, no clock.
 
-The search (`gpu_queue_scaler.forecast.period.find_period`) runs when a minute of bins closes,
+The search (`gpu_queue_scaler.forecast.period`) runs when a minute of bins closes,
 over periods from `MIN_PERIOD_S` to what the history can judge (the series and its shift
 overlapping by `MIN_OVERLAP_S`). A period found stays until another recurs clearly more
 (`SWITCH_MARGIN` of autocorrelation): each switch restarts the forecast seat on the history, so
@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from gpu_queue_scaler.decision.outlook import MAX_GAP_BINS, NeedForecast, Outlook, horizon_bins
-from gpu_queue_scaler.forecast.period import autocorrelation, find_period
+from gpu_queue_scaler.forecast.period import autocorrelation, peak_lag
 
 HISTORY_S = 6 * 3600.0  # as the engine's forecast warm-up (engine.schedule.FORECAST_WARMUP_MAX_S)
 MIN_PERIOD_S = 600.0  # a shorter cycle is inside a few cold starts: the reactive need follows it
@@ -139,15 +139,14 @@ class Season:
         bins = min(self._ring.size, self.bin - self.first_bin)
         if bins // every <= min_lag + min_overlap:
             return False  # too short to judge any period: no arithmetic
-        series = minute_means(held(self.history(), every), every)
-        found = find_period(series, min_lag=min_lag, min_overlap=min_overlap)
+        r = autocorrelation(minute_means(held(self.history(), every), every))
+        found = peak_lag(r, min_lag=min_lag, min_overlap=min_overlap)
         if found is None:
             return False
         lag, score = found
         period_s = lag * unit
         if period_s != self.period_s and self.period_s is not None:
             current = round(self.period_s / unit)
-            r = autocorrelation(series)
             if current < r.size and score < r[current] + SWITCH_MARGIN:
                 return False
         changed = period_s != self.period_s

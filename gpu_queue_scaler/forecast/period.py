@@ -56,10 +56,19 @@ def find_period(
     """(period in points, its autocorrelation), or None when the series shows no recurrence
     between `min_lag` and `len(series) - min_overlap` (see the module docstring)."""
     x = np.asarray(series, dtype=np.float64)
-    top = x.size - max(1, min_overlap)
+    if x.size - max(1, min_overlap) <= max(min_lag, 1):
+        return None  # no lag to judge: no arithmetic
+    return peak_lag(autocorrelation(x), min_lag, min_overlap, threshold)
+
+
+def peak_lag(
+    r: FloatArray, min_lag: int, min_overlap: int, threshold: float = THRESHOLD
+) -> tuple[int, float] | None:
+    """`find_period` on an `autocorrelation` already computed (a caller that also reads r at
+    other lags computes it once)."""
+    top = r.size - max(1, min_overlap)
     if top <= max(min_lag, 1):
         return None
-    r = autocorrelation(x)
     # A lag is a candidate once r has been below zero at some shorter lag (the pattern ended).
     crossed = np.maximum.accumulate(r < 0.0)
     lags = np.arange(max(min_lag, 1), top)
