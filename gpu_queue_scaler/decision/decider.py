@@ -121,7 +121,9 @@ class Decider:
         the forecaster's, from a seat taken on first use and taken again when the forecast's
         step, horizon or season change (a season found in the demand, `seasonPeriodSeconds:
         auto`: the new seat learns the history held). With `wake` it is the season's own
-        (`Season.outlook`), once two periods are held: no forecaster seat."""
+        (`Season.outlook`), once one period is held: no forecaster seat. Its horizon is the
+        scaler's plus the rate window: the demand series lags arrivals by that window, so a
+        ramp read at the horizon alone would wake replicas a rate window late."""
         spec = self.spec
         if not spec.forecast:
             self.release()
@@ -138,7 +140,9 @@ class Decider:
         period_s = self._period_s()
         if wake:
             self.release()
-            return None if period_s is None else season.outlook(period_s, spec.horizon_s)
+            if period_s is None:
+                return None
+            return season.outlook(period_s, spec.horizon_s + spec.rate_window_s)
         shape = (spec.forecast_step_s, spec.horizon_s, period_s)
         current = self.forecast
         if current is None or (current.step_s, current.horizon_s, current.period_s) != shape:
@@ -183,9 +187,7 @@ class Decider:
         which = "found" if found == period else "set"
         # Not how much has been seen: the detail stays a function of the policy state and the
         # signal, as the rest of the decision is (a state handed back decides the same).
-        return (
-            f"; forecast (wake) not read until two periods are seen: period {period:g}s ({which})"
-        )
+        return f"; forecast (wake) not read until a period is seen: period {period:g}s ({which})"
 
     def learn(self, at: float, decision: Decision | None) -> None:
         """Feed the demand behind a fresh decision (not a held one) to the forecaster: the
@@ -193,11 +195,11 @@ class Decider:
         fleet depends on the fleet itself (a short fleet queues, then drains), the offered load
         does not, and that is what is ahead of us to forecast."""
         if self.spec.forecast and (self.forecast is not None or self.season is not None):
-            value = None
+            value = rate = None
             if decision is not None and decision.reason is not Reason.HOLD:
-                value = decision.demand
+                value, rate = decision.demand, decision.arrival_rate
             if self.season is not None:
-                self.season.observe(at, value)
+                self.season.observe(at, value, rate)
             if self.forecast is not None:
                 self.forecast.observe(at, value)
 

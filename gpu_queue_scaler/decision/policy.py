@@ -30,7 +30,10 @@ The rule, in the order `decide` applies it (each step names itself as the decisi
    way to zero);
 7. whole nodes: with replicasPerNode > 1 the target rounds up to a multiple of it (within
    maxReplicas): a node is billed whole, so the replicas that fill one already asked for are
-   free headroom, and a scale-down that empties no node would save nothing;
+   free headroom, and a scale-down that empties no node would save nothing; a node is
+   released only when the replicas needed are under 90% of those left
+   (`NODE_RELEASE_MARGIN`), so a need swinging around a node's edge does not release it and ask
+   for it a cold start late on the next swing;
 8. min_bound / max_bound: clamped to [minReplicas, maxReplicas];
 9. hold (fail static): with no signal, or without a queue field the decision needs
    (`missing_queue_fields`: read as 0 it would lower the target), the last decision is held
@@ -95,6 +98,12 @@ HEADROOM_GAIN_PER_S = 1e-4
 HEADROOM_RISE_MAX_PER_S = 0.005
 HEADROOM_MAX = 1.6
 HEADROOM_MAX_DT_S = 60.0
+# With replicasPerNode > 1, a scale-down that empties a node keeps it while the replicas needed
+# are more than (1 - NODE_RELEASE_MARGIN) of those left: the need read tick by tick swings by
+# 10-30% on steady traffic, so a node released at 99% of the fleet left is asked for again on
+# the next swing, and comes back a cold start late (a whole node's replicas at once). Ten
+# percent, as the HPA's own tolerance (it does not act on a ratio within 10% of one).
+NODE_RELEASE_MARGIN = 0.1
 
 
 class Reason(StrEnum):
@@ -590,6 +599,7 @@ def decide(
                     f"; at most {spec.scale_down_max_percent:g}% of {base} removed per "
                     f"{SCALE_DOWN_PERIOD_S:g}s -> {step_floor}"
                 )
+    held = target
     # 6. Whole nodes: a node is billed whole, so what fills one already asked for is free, and a
     #    scale-down that empties no node saves nothing (`replicasPerNode`).
     per_node = spec.replicas_per_node
@@ -599,6 +609,18 @@ def decide(
             target = whole
             if explain:
                 detail += f"; rounded up to whole nodes of {per_node} -> {target}"
+    if per_node > 1 and not idle and last is not None and target < last.replicas:
+        # A node is released only when the fleet left keeps NODE_RELEASE_MARGIN spare: a node
+        # emptied at a need within a few percent of what is left comes back a cold start late
+        # on the next swing of the need (see NODE_RELEASE_MARGIN).
+        kept = min(last.replicas, spec.max_replicas, target + per_node)
+        if held > target * (1.0 - NODE_RELEASE_MARGIN) and kept > target:
+            if explain:
+                detail += (
+                    f"; a node kept: the {target} left would be over "
+                    f"{1.0 - NODE_RELEASE_MARGIN:.0%} full ({held} needed) -> {kept}"
+                )
+            target = kept
     # 7. Bounds.
     if target < spec.min_replicas:
         target, reason = spec.min_replicas, Reason.MIN_BOUND

@@ -4,10 +4,17 @@ auto`).
 Why here and not in the forecaster: the forecaster's seasonal models are built for one period
 and share a bank with every workload of the same shape, so a period found later means a new
 forecast seat. This keeps what that seat needs: the demand in bins of the forecast's step for
-the last `HISTORY_S` (a ring allocated once: 17 KB at the default 10 s step), so the new seat
-learns it at once (`replay_into`) instead of waiting two periods more. The same ring is what
-`forecast: wake` reads (`outlook`): the demand one and two periods ago, once the series has run
-two periods (`covers`), with no forecaster seat at all. Deterministic, no I/O, no clock.
+the last `HISTORY_S` (a ring allocated once: 17 KB at the default 10 s step, twice that with
+`auto`, which also keeps the arrival rate), so the new seat learns it at once (`replay_into`)
+instead of waiting two periods more. The same ring is what `forecast: wake` reads (`outlook`):
+the demand one period ago once the series has run one period, and two periods ago too once it
+has run two, with no forecaster seat at all. Deterministic, no I/O, no clock.
+
+The period is searched in the arrival rate (a second ring of the same bins), not in the demand:
+the demand of a burst the fleet met late is the backlog's drain, a cold start after the burst
+(the token rates count what is served), so two bursts a period apart, one met on time and one
+late, read as a period longer by a cold start. What clients send has the period as it is. A
+workload with no arrival rate is searched on its demand.
 
 The search (`gpu_queue_scaler.forecast.period`) runs when a minute of bins closes,
 over periods from `MIN_PERIOD_S` to what the history can judge (the series and its shift
@@ -72,11 +79,14 @@ class Season:
         self.keep = keep
         size = max(1, round(HISTORY_S / step_s)) if search or keep else 0
         self._ring = np.full(size, math.nan)
+        self._rates = np.full(size if search else 0, math.nan)  # the arrival rate, searched
         self._outlook: tuple[tuple[int, float, float], Outlook | None] | None = None
         self.bin: int | None = None  # the open bin
         self.first_bin = 0
         self._total = 0.0
         self._count = 0
+        self._rate_total = 0.0
+        self._rate_count = 0
         self._searched_at: int | None = None
         self.period_s: float | None = None  # found (with `search`)
         self.score = 0.0  # the autocorrelation at the period when it was last confirmed
@@ -90,21 +100,27 @@ class Season:
         """The series has run two periods (a seasonal model's forecast is then its own)."""
         return self.seen_s >= 2 * period_s
 
-    def observe(self, at: float, demand: float | None) -> bool:
-        """Add the demand decided at `at`; True when the period found changed."""
+    def observe(self, at: float, demand: float | None, rate: float | None = None) -> bool:
+        """Add the demand decided at `at` and the arrival rate it was decided on; True when
+        the period found changed."""
         index = math.floor(at / self.step_s)  # outlook.bin_index, without the call
         closed = False
         if index != self.bin:
             if self.bin is None or index - self.bin > MAX_GAP_BINS:  # a restart (NeedForecast's)
                 self._ring[:] = math.nan
+                self._rates[:] = math.nan
                 self.bin = self.first_bin = index
                 self._total, self._count = 0.0, 0
+                self._rate_total, self._rate_count = 0.0, 0
             elif index > self.bin:
                 self._close(index)
                 closed = True
         if demand is not None and math.isfinite(demand):
             self._total += demand
             self._count += 1
+        if rate is not None and math.isfinite(rate) and self._rates.size:
+            self._rate_total += rate
+            self._rate_count += 1
         return closed and self.search and self._search()
 
     def _close(self, index: int) -> None:
@@ -113,18 +129,26 @@ class Season:
         size = self._ring.size
         if size:
             self._ring[self.bin % size] = self._total / self._count if self._count else math.nan
+            if self._rates.size:
+                rates = self._rate_total / self._rate_count if self._rate_count else math.nan
+                self._rates[self.bin % size] = rates
             if index > self.bin + 1:
-                gap = np.arange(self.bin + 1, min(index, self.bin + 1 + size))
-                self._ring[gap % size] = math.nan
+                gap = np.arange(self.bin + 1, min(index, self.bin + 1 + size)) % size
+                self._ring[gap] = math.nan
+                if self._rates.size:
+                    self._rates[gap] = math.nan
         self._total, self._count = 0.0, 0
+        self._rate_total, self._rate_count = 0.0, 0
         self.bin = index
 
-    def history(self) -> np.ndarray:
-        """The closed bins held, oldest first (NaN: no demand decided in that bin)."""
-        if self.bin is None or not self._ring.size:
+    def history(self, ring: np.ndarray | None = None) -> np.ndarray:
+        """The closed bins held, oldest first (NaN: no demand decided in that bin); of the
+        arrival rate with `ring=self._rates`."""
+        ring = self._ring if ring is None else ring
+        if self.bin is None or not ring.size:
             return np.zeros(0)
-        n = min(self._ring.size, self.bin - self.first_bin)
-        return np.take(self._ring, np.arange(self.bin - n, self.bin) % self._ring.size)
+        n = min(ring.size, self.bin - self.first_bin)
+        return np.take(ring, np.arange(self.bin - n, self.bin) % ring.size)
 
     def _search(self) -> bool:
         """Search the minute means of the history (the period to the minute is all a seasonal
@@ -139,7 +163,10 @@ class Season:
         bins = min(self._ring.size, self.bin - self.first_bin)
         if bins // every <= min_lag + min_overlap:
             return False  # too short to judge any period: no arithmetic
-        r = autocorrelation(minute_means(held(self.history(), every), every))
+        series = self.history(self._rates)
+        if not np.isfinite(series).any():
+            series = self.history()  # no arrival rate: the demand's own period
+        r = autocorrelation(minute_means(held(series, every), every))
         found = peak_lag(r, min_lag=min_lag, min_overlap=min_overlap)
         if found is None:
             return False
@@ -156,11 +183,15 @@ class Season:
     def outlook(self, period_s: float, horizon_s: float) -> Outlook | None:
         """The seasonal outlook `forecast: wake` reads: the demand over the coming horizon as it
         was one period ago (the point) and the higher of one and two periods ago (the bound),
-        once the history holds two periods (None before, or when two do not fit HISTORY_S).
+        from one period ago alone while the history holds less than two (None before one, or
+        when two do not fit HISTORY_S). One period is enough to wake for: a burst that recurred
+        once is read a period after it, not two (waiting for two left the second burst of a
+        pattern a cold start late, and the wake costs a horizon's replicas once if it does not
+        come back).
         A recurring burst is forecast whole, a horizon ahead, from the demand itself; a burst
         that did not come back a period ago drops out of the point at once. O(horizon) per bin,
         no forecaster seat: `wake` runs for every workload by default."""
-        if self.bin is None or not self._ring.size or not self.covers(period_s):
+        if self.bin is None or not self._ring.size or self.seen_s < period_s:
             return None
         period = round(period_s / self.step_s)
         if period < 1 or 2 * period > self._ring.size:
@@ -170,7 +201,7 @@ class Season:
             return self._outlook[1]
         ahead = horizon_bins(self.step_s, horizon_s)
         peaks = []
-        for back in (period, 2 * period):
+        for back in (period, 2 * period) if self.covers(period_s) else (period,):
             start = self.bin - back
             window = self._ring[np.arange(start, min(start + ahead, self.bin)) % self._ring.size]
             known = window[np.isfinite(window)]

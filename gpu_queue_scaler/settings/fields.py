@@ -634,8 +634,8 @@ FIELDS: tuple[Field, ...] = (
         "(bench/results/decision.md), and a late-starting replica agrees with a running one once "
         "the forecaster's memory (~100 bins) is covered. `wake` (the default): only a workload "
         "that needed nothing for a whole scaleDownStabilizationSeconds (and for a horizon after) "
-        "reads a forecast, its own demand over the coming horizon one and two periods ago, once "
-        "two periods of seasonPeriodSeconds are held: it is kept, or brought back, a horizon "
+        "reads a forecast, its own demand over the coming horizon one period ago (and two, once "
+        "two periods of seasonPeriodSeconds are held): it is kept, or brought back, a horizon "
         "before a recurring ramp, and a busy workload is sized by its need alone. `off`: no "
         "forecast.",
     ),
@@ -654,8 +654,8 @@ FIELDS: tuple[Field, ...] = (
         "auto",
         "auto, or a number of seconds from 0 to 604800 (0: no seasonal models)",
         "Period of the seasonal forecasts: the forecaster's seasonal candidates compete once the "
-        "history covers two periods, and `forecast: wake` reads one once two are held (at most "
-        "3 hours). `auto`: the period the workload's own demand recurs with, found by "
+        "history covers two periods, and `forecast: wake` reads it once one period is held (at "
+        "most 3 hours). `auto`: the period the workload's own demand recurs with, found by "
         "autocorrelation over its last 6 hours (10 minutes to under 6 hours; the daily period "
         "until one is found).",
     ),

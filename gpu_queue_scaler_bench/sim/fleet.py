@@ -132,8 +132,10 @@ class ServingFleet:
         self.h_running = np.zeros(n_steps + 1, dtype=np.int64)
         self.h_done = np.zeros(n_steps + 1, dtype=np.int64)  # cumulative completions
         self.h_infer = np.zeros(n_steps + 1)  # cumulative seconds completed requests ran
-        # Cumulative prompt and generated tokens (counted at completion; over a rate window the
-        # rate is the same as vLLM's per-iteration counting, shifted by a service time).
+        # Cumulative prompt and generated tokens, counted as vLLM V1 counts them
+        # (vllm/v1/metrics/stats.py, IterationStats): a prompt's tokens when its prefill
+        # completes, generated tokens at every decode iteration. Counted at completion instead,
+        # a long answer would land in one step and the token rates would jump with it.
         self.h_prompt = np.zeros(n_steps + 1)
         self.h_generated = np.zeros(n_steps + 1)
         self.h_head = np.zeros(n_steps + 1, dtype=np.int64)  # cumulative admitted (FIFO index)
@@ -359,6 +361,8 @@ class ServingFleet:
             np.maximum.at(busy_end, g, np.minimum(end, dt))
             # TTFT histogram (vLLM observes it when the first token is out).
             ids = self.r_id[order[done]]
+            self.prompt_tokens += float(np.sum(self.req.input_tokens[ids]))
+            self.generated_tokens += float(np.sum(np.minimum(self.req.output_tokens[ids], 1)))
             self.first_token_t[ids] = t + end[done]
             ttft = self.first_token_t[ids] - self.req.arrivals_s[ids]
             self.h_ttft[self.k] += np.bincount(
@@ -376,6 +380,7 @@ class ServingFleet:
         finishes = dec & (self.r_decode <= tokens + 1e-9)
         frac = np.where(tokens > 0, self.r_decode / np.maximum(tokens, 1e-12), 0.0)
         finish_at = t + a + np.minimum(frac, 1.0) * (dt - a)
+        self.generated_tokens += float(np.sum(np.minimum(tokens, self.r_decode)[dec]))
         self.r_decode = np.where(dec, np.maximum(self.r_decode - tokens, 0.0), self.r_decode)
         # Busy share per pod: from the first request's start to the last one's end in the step.
         end_in_step = np.where(finishes, finish_at - t, dt)
@@ -388,8 +393,6 @@ class ServingFleet:
         self.finish_t[done_ids] = finish_at[finishes]
         self.completed += int(done_ids.size)
         self.infer_s += float(np.sum(self.finish_t[done_ids] - self.admit_t[done_ids]))
-        self.prompt_tokens += float(np.sum(self.req.input_tokens[done_ids]))
-        self.generated_tokens += float(np.sum(self.req.output_tokens[done_ids]))
         self.r_start = np.zeros(self.r_start.size)  # carried requests start at the next step
         self._keep(~finishes)
         has = np.bincount(local, minlength=n_pods) > 0

@@ -51,6 +51,20 @@ def test_one_request_alone_takes_prefill_plus_decode(dt: float) -> None:
     assert fleet.admit_t[0] == pytest.approx(0.3)
 
 
+def test_token_counters_rise_per_iteration_as_vllm_counts_them() -> None:
+    # One long answer: vLLM counts the prompt when prefill completes and a generated token per
+    # decode iteration, so rate(generation_tokens_total) over the answer is the decode speed,
+    # not a jump when it completes (which the need's token term would read as a surge).
+    fleet = _serve(_requests([0.0], [1000], [3000]), steps=60)
+    decode_s = 2999 * SVC.decode_step_s(1)
+    generated = np.diff(fleet.h_generated[:60])  # tokens per 1 s step
+    during = generated[2 : int(decode_s) - 1]
+    assert during.size > 30
+    assert np.allclose(during, 1.0 / SVC.decode_step_s(1), rtol=1e-6)
+    assert fleet.h_prompt[0] == 1000 and fleet.h_prompt[59] == 1000
+    assert fleet.h_generated[59] == pytest.approx(3000)  # every token once, the first included
+
+
 def test_batching_slows_each_requests_decode() -> None:
     alone = _serve(_requests([0.0], [10], [400]))
     many = _serve(_requests([0.0] * 32, [10] * 32, [400] * 32))

@@ -1204,6 +1204,22 @@ def test_a_scale_down_that_empties_no_node_is_not_made() -> None:
     assert decision is not None and decision.replicas == 0 and not decision.active
 
 
+def test_a_node_is_released_only_when_the_fleet_left_has_a_tenth_to_spare() -> None:
+    # The need swings tick to tick on steady traffic: a node emptied at a need of 7.5 replicas
+    # with 8 left would be asked for again on the next swing, a cold start late. It is kept
+    # while the need is within 10% of the replicas left, and released below that.
+    drive = Driver(make_spec(replicasPerNode=8, scaleDownStabilizationSeconds=60))
+    assert drive.outcome(T0, 13 * 8.0) == (16, True, Reason.CURRENT_NEED)
+    for second in range(10, 200, 10):
+        decision = drive.tick(T0 + second, 7.5 * 8.0)
+        assert decision is not None and decision.replicas == 16, (second, decision)
+    assert "a node kept: the 8 left would be over 90% full (8 needed) -> 16" in decision.detail
+    for second in range(200, 400, 10):
+        decision = drive.tick(T0 + second, 7 * 8.0)
+    assert decision is not None and decision.replicas == 8
+    assert "a node kept" not in decision.detail
+
+
 @pytest.mark.parametrize("raw", ["0", "65", "1.5", "eight"])
 def test_replicas_per_node_out_of_range_names_the_key(raw: str) -> None:
     with pytest.raises(ValueError, match="replicasPerNode") as caught:

@@ -3,8 +3,8 @@ that wakes an idle workload ahead of a recurring ramp (`forecast: wake`, the def
 
 A recurring burst, as a cron-driven batch job sends it: 10 minutes of 2 requests a second, then
 30 minutes of nothing. A replica takes a cold start to serve, so a reactive scaler meets every
-burst a cold start late; the forecast, once it has seen the period twice, brings the workload
-back before the burst, and stays out of the decision while the workload is busy."""
+burst a cold start late; the forecast, once it has found the period and seen it once, brings the
+workload back before the burst, and stays out of the decision while the workload is busy."""
 
 from __future__ import annotations
 
@@ -100,6 +100,24 @@ def test_the_season_finds_the_period_once_and_keeps_it() -> None:
     assert season.covers(PERIOD_S) and not season.covers(3 * PERIOD_S)
 
 
+def test_the_period_is_read_from_the_arrivals_when_late_bursts_shift_the_demand() -> None:
+    """Every other burst met a cold start late: its demand (what is served) comes 240 s after
+    its arrivals. The demand alone recurs every two periods; what clients send recurs every
+    one, and that is the period the wake must read."""
+
+    def served(at: float) -> float:
+        shift = 240.0 if int((at - T0) // PERIOD_S) % 2 else 0.0
+        return demand_at(at - shift) if (at - T0) % PERIOD_S >= shift else 0.0
+
+    by_demand, by_arrivals = Season(10.0, search=True), Season(10.0, search=True)
+    for k in range(round(6 * PERIOD_S / INTERVAL)):
+        at = T0 + k * INTERVAL
+        by_demand.observe(at, served(at))
+        by_arrivals.observe(at, served(at), 0.4 * demand_at(at))
+    assert by_demand.period_s == 2 * PERIOD_S  # no arrival rate known: the demand's own period
+    assert by_arrivals.period_s == PERIOD_S
+
+
 def test_the_history_is_bounded_and_a_long_gap_restarts_it() -> None:
     season = Season(10.0, search=True)
     size = round(HISTORY_S / 10.0)
@@ -171,9 +189,10 @@ def test_wake_brings_an_idle_workload_back_before_a_recurring_burst() -> None:
     woken = run(spec(), 5)  # the defaults: forecast wake, seasonPeriodSeconds auto
     reactive = run(spec(forecast="off"), 5)
     assert [before_burst(reactive, b) for b in (1, 2, 3, 4)] == [0, 0, 0, 0]
-    # Not before the season has run two periods; from then on, back before the burst.
+    # Not before the period is found (its shift must overlap the series by 20 minutes, so the
+    # second burst comes first); from then on, back before every burst, the third included.
     assert before_burst(woken, 1) == 0
-    assert before_burst(woken, 3) >= 1 and before_burst(woken, 4) >= 1
+    assert all(before_burst(woken, b) >= 1 for b in (2, 3, 4))
     assert all(
         target == 0 for t, target, _ in woken if 2 * PERIOD_S - 900 <= t < 2 * PERIOD_S - 600
     )
@@ -236,7 +255,7 @@ def test_explain_says_why_wake_did_not_read_the_forecast() -> None:
     assert "forecast (wake) not read: no period found in the demand yet" in made.detail
     fixed = Decider(spec(seasonPeriodSeconds="2400")).tick(quiet, T0)
     assert fixed is not None
-    assert "not read until two periods are seen: period 2400s (set)" in fixed.detail
+    assert "not read until a period is seen: period 2400s (set)" in fixed.detail
     daily = Decider(spec(seasonPeriodSeconds="86400")).tick(quiet, T0)
     assert daily is not None and "two periods of 86400s do not fit" in daily.detail
     off = Decider(spec(seasonPeriodSeconds="0")).tick(quiet, T0)
@@ -270,10 +289,15 @@ def test_wake_reads_the_forecast_for_a_horizon_after_the_workload_was_last_quiet
 def test_the_season_outlook_is_the_demand_one_and_two_periods_ago() -> None:
     season = Season(10.0, search=False, keep=True)
     at = T0
-    while at < T0 + 2 * PERIOD_S - 300.0:  # two periods less five minutes: not yet
+    while at < T0 + PERIOD_S - 300.0:  # a period less five minutes: not yet
         season.observe(at, demand_at(at))
         at += INTERVAL
     assert season.outlook(PERIOD_S, 210.0) is None
+    while at < T0 + 2 * PERIOD_S - 180.0:  # one period seen: the burst of one period ago
+        season.observe(at, demand_at(at))
+        at += INTERVAL
+    once = season.outlook(PERIOD_S, 210.0)
+    assert once is not None and once.point_max == once.upper_max == 5.0
     while at < T0 + 3 * PERIOD_S - 180.0:  # the fourth burst is 180 s ahead: within 210 s
         season.observe(at, demand_at(at))
         at += INTERVAL
