@@ -21,10 +21,14 @@ stays with the decider until `release`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from gpu_queue_scaler.decision import capacity
 from gpu_queue_scaler.decision.bank import BankedForecast, ForecastBanks
 from gpu_queue_scaler.decision.outlook import NeedForecast, Outlook
 from gpu_queue_scaler.decision.policy import Decision, PolicyState, Reason, decide, hold
@@ -36,6 +40,10 @@ if TYPE_CHECKING:  # annotations only: the decision imports no settings code at 
     from gpu_queue_scaler.settings.spec import WorkloadSpec
 
 DEFAULT_STALE_S = float(BY_KEY["staleTargetSeconds"].default)  # as ServerSettings' default
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 class Decider:
@@ -129,14 +137,8 @@ class Decider:
             self.release()
             self.season = None
             return None
-        season = self.season
+        season = self._season()
         wake = spec.forecast_wakes_only
-        if season is None or (season.step_s, season.search, season.keep) != (
-            spec.forecast_step_s,
-            spec.season_auto,
-            wake,
-        ):
-            season = self.season = Season(spec.forecast_step_s, spec.season_auto, keep=wake)
         period_s = self._period_s()
         if wake:
             self.release()
@@ -161,6 +163,40 @@ class Decider:
                     NeedForecast(*shape) if self._replaying else self.banks.join(*shape)
                 )
         return current.outlook
+
+    def _season(self) -> Season:
+        """The season for the spec's forecast settings (a new one when they changed)."""
+        spec, season = self.spec, self.season
+        if season is None or (season.step_s, season.search, season.keep) != (
+            spec.forecast_step_s,
+            spec.season_auto,
+            spec.forecast_wakes_only,
+        ):
+            season = self.season = Season(
+                spec.forecast_step_s, spec.season_auto, keep=spec.forecast_wakes_only
+            )
+        return season
+
+    def missing(self) -> tuple[float, float] | None:
+        """The span of older history the season could hold and does not (`Season.missing`),
+        or None: nothing to recall (no season kept, or it is full)."""
+        return None if not self.spec.forecast or self.season is None else self.season.missing()
+
+    def recall(self, signals: Sequence[Signal]) -> None:
+        """Put a warm start's older history (`missing`) into the season alone, after the replay:
+        the arrival rate as read, and the offered load from each signal's own S (a live tick's
+        is the policy's mean over minutes, which a signal alone does not have). So a restarted
+        scaler finds the period and wakes for the next burst at once, instead of a period and
+        more later. No decisions: microseconds a signal."""
+        if not self.spec.forecast or self.season is None or not signals:
+            return
+        capacity_spec = self.spec.capacity
+        at = np.fromiter((s.at for s in signals), float, len(signals))
+        demand = np.fromiter(
+            (_or_nan(capacity.offered(s, capacity_spec)) for s in signals), float, len(signals)
+        )
+        rate = np.fromiter((_or_nan(s.arrival_rate) for s in signals), float, len(signals))
+        self.season.recall(at, demand, rate)
 
     def _period_s(self) -> float | None:
         """The season the forecast runs on: the one found in the demand (`auto`), else the
@@ -198,8 +234,8 @@ class Decider:
             value = rate = None
             if decision is not None and decision.reason is not Reason.HOLD:
                 value, rate = decision.demand, decision.arrival_rate
-            if self.season is not None:
-                self.season.observe(at, value, rate)
+            if self.season is not None:  # a replay searches once, at its end (`replaying`)
+                self.season.observe(at, value, rate, search=not self._replaying)
             if self.forecast is not None:
                 self.forecast.observe(at, value)
 
@@ -221,6 +257,8 @@ class Decider:
             yield
         finally:
             self._replaying = False
+            if self.season is not None:
+                self.season.find()  # once, for the minutes replayed (see `learn`)
             private = self.forecast
             if isinstance(private, NeedForecast):
                 seat = self.banks.join(private.step_s, private.horizon_s, private.period_s)

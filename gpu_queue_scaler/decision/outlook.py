@@ -22,6 +22,7 @@ import numpy as np
 from gpu_queue_scaler.forecast import ScalerForecaster
 
 MAX_GAP_BINS = 10_000  # a longer gap (scaler paused, workload unasked) restarts the series
+SEASON_MODEL = "SeasonalMax"  # the model name of the season's own outlook (`forecast: wake`)
 
 
 class Outlook(NamedTuple):
@@ -31,12 +32,20 @@ class Outlook(NamedTuple):
     bin, and a tuple is built in C, at a third of the cost (`gpu_queue_scaler.decision.bank`)."""
 
     point_max: float
-    upper_max: float  # highest upper-quantile (q = 0.9) forecast within the horizon
+    # highest upper-quantile (q = 0.9) forecast within the horizon (the season's outlook: the
+    # highest demand within the horizon one or two periods ago)
+    upper_max: float
     model: str
     horizon_s: float
     made_at: float  # the bin boundary it was made at
 
     def describe(self) -> str:
+        """For `scaler explain`: what the two numbers are, which differs by who made them."""
+        if self.model == SEASON_MODEL:  # `Season.outlook`: the demand itself, not a quantile
+            return (
+                f"forecast within {self.horizon_s:g}s: a period ago<={self.point_max:.2f}, "
+                f"one or two periods ago<={self.upper_max:.2f} ({self.model})"
+            )
         return (
             f"forecast within {self.horizon_s:g}s: point<={self.point_max:.2f}, "
             f"q90<={self.upper_max:.2f} ({self.model})"

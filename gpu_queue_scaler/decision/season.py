@@ -20,7 +20,8 @@ The search (`gpu_queue_scaler.forecast.period`) runs when a minute of bins close
 over periods from `MIN_PERIOD_S` to what the history can judge (the series and its shift
 overlapping by `MIN_OVERLAP_S`). A period found stays until another recurs clearly more
 (`SWITCH_MARGIN` of autocorrelation): each switch restarts the forecast seat on the history, so
-it must not flap between near-equal lags. A pattern that pauses (a weekend) keeps its period.
+it must not flap between near-equal lags. A lag near the period found is a refinement of it and
+needs less (`REFINE_MARGIN`). A pattern that pauses (a weekend) keeps its period.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ import math
 
 import numpy as np
 
-from gpu_queue_scaler.decision.outlook import MAX_GAP_BINS, NeedForecast, Outlook, horizon_bins
+from gpu_queue_scaler.decision.outlook import (
+    MAX_GAP_BINS,
+    SEASON_MODEL,
+    NeedForecast,
+    Outlook,
+    horizon_bins,
+)
 from gpu_queue_scaler.forecast.period import autocorrelation, peak_lag
 
 HISTORY_S = 6 * 3600.0  # as the engine's forecast warm-up (engine.schedule.FORECAST_WARMUP_MAX_S)
@@ -37,6 +44,12 @@ MIN_PERIOD_S = 600.0  # a shorter cycle is inside a few cold starts: the reactiv
 MIN_OVERLAP_S = 1200.0  # a lag is judged on at least this much of the series and its shift
 SEARCH_EVERY_S = 60.0
 SWITCH_MARGIN = 0.1
+# A lag within REFINE_SHARE of the period found is the same period read more precisely: it is
+# taken once it recurs REFINE_MARGIN more. A period found from its first two occurrences can be
+# off by a minute (the first one seen may be cut, or longer), and a burst's own minutes then
+# make the wrong lag a close second that SWITCH_MARGIN would never let go.
+REFINE_SHARE = 0.1
+REFINE_MARGIN = 0.02
 
 
 def held(series: np.ndarray, limit: int) -> np.ndarray:
@@ -100,9 +113,12 @@ class Season:
         """The series has run two periods (a seasonal model's forecast is then its own)."""
         return self.seen_s >= 2 * period_s
 
-    def observe(self, at: float, demand: float | None, rate: float | None = None) -> bool:
+    def observe(
+        self, at: float, demand: float | None, rate: float | None = None, search: bool = True
+    ) -> bool:
         """Add the demand decided at `at` and the arrival rate it was decided on; True when
-        the period found changed."""
+        the period found changed. `search=False` leaves the search to `find` (a replay: one
+        search at its end, not one per minute replayed)."""
         index = math.floor(at / self.step_s)  # outlook.bin_index, without the call
         closed = False
         if index != self.bin:
@@ -121,7 +137,40 @@ class Season:
         if rate is not None and math.isfinite(rate) and self._rates.size:
             self._rate_total += rate
             self._rate_count += 1
-        return closed and self.search and self._search()
+        return closed and search and self.search and self._search()
+
+    def missing(self) -> tuple[float, float] | None:
+        """The span of the history this season could hold and does not, before its first bin
+        (start, end in seconds), or None: what a warm start recalls (`recall`)."""
+        if self.bin is None or not self._ring.size:
+            return None
+        start = (self.bin - self._ring.size) * self.step_s
+        end = self.first_bin * self.step_s
+        return (start, end) if end > start else None
+
+    def recall(self, at: np.ndarray, demand: np.ndarray, rate: np.ndarray) -> bool:
+        """Put older history (time order; NaN where a value is unknown) before the first bin
+        held, as far as the ring reaches (`missing`), in a few array operations instead of an
+        observation each; then search once. True when the period found changed. A warm
+        start's: after its replay and first decision, so that first answer waits for none of it
+        (`Decider.recall`)."""
+        gap = self.missing()
+        if gap is None or not at.size:
+            return False
+        assert self.bin is not None
+        index = np.floor(at / self.step_s).astype(np.int64)
+        first = max(int(index[0]), self.bin - self._ring.size)
+        keep = (index >= first) & (index < self.first_bin)
+        if not keep.any():
+            return False
+        index, demand, rate = index[keep] - first, demand[keep], rate[keep]
+        bins = np.arange(first, self.first_bin) % self._ring.size
+        _fill(self._ring, bins, index, demand)
+        if self._rates.size:
+            _fill(self._rates, bins, index, rate)
+        self.first_bin = first
+        self._searched_at = None  # the history changed: search now
+        return self.find()
 
     def _close(self, index: int) -> None:
         """Close the open bin and any after it before `index` (no demand: NaN)."""
@@ -150,6 +199,10 @@ class Season:
         n = min(ring.size, self.bin - self.first_bin)
         return np.take(ring, np.arange(self.bin - n, self.bin) % ring.size)
 
+    def find(self) -> bool:
+        """Search now (with `search`, once a minute at most); True when the period changed."""
+        return self.search and self.bin is not None and self._search()
+
     def _search(self) -> bool:
         """Search the minute means of the history (the period to the minute is all a seasonal
         model needs, and the search costs a sixth of one on 10 s bins)."""
@@ -174,7 +227,9 @@ class Season:
         period_s = lag * unit
         if period_s != self.period_s and self.period_s is not None:
             current = round(self.period_s / unit)
-            if current < r.size and score < r[current] + SWITCH_MARGIN:
+            near = abs(period_s - self.period_s) <= REFINE_SHARE * self.period_s
+            margin = REFINE_MARGIN if near else SWITCH_MARGIN
+            if current < r.size and score < r[current] + margin:
                 return False
         changed = period_s != self.period_s
         self.period_s, self.score = period_s, score
@@ -209,7 +264,7 @@ class Season:
         made = Outlook(
             point_max=peaks[0],
             upper_max=max(peaks),
-            model="SeasonalMax",
+            model=SEASON_MODEL,
             horizon_s=horizon_s,
             made_at=self.bin * self.step_s,
         )
@@ -226,3 +281,13 @@ class Season:
             forecast.observe((first + offset) * self.step_s, mean if math.isfinite(mean) else None)
         forecast.advance(self.bin)
         forecast.total, forecast.count = self._total, self._count
+
+
+def _fill(ring: np.ndarray, bins: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
+    """Write the mean of `values` per bin (`index`: 0 for `bins[0]`) into `ring` at `bins`; NaN
+    for a bin without a known value."""
+    known = np.isfinite(values)
+    totals = np.bincount(index[known], values[known], minlength=bins.size)
+    counts = np.bincount(index[known], minlength=bins.size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ring[bins] = np.where(counts > 0, totals / counts, math.nan)

@@ -35,6 +35,9 @@ from gpu_queue_scaler.settings.spec import WorkloadSpec
 HISTORY_MAX_POINTS = 2400  # per range query; Prometheus allows 11,000
 FORECAST_MEMORY_BINS = 120  # the forecaster's error memory (weights down to 1/100) and warm-up
 FORECAST_WARMUP_MAX_S = 6 * 3600.0
+# The season's history is recalled on a grid this coarse at least: the period search reads minute
+# means, and the wake's outlook the highest demand within a horizon (several minutes).
+SEASON_RECALL_STEP_S = 60.0
 PHASE_SPREAD = 0.5  # phases cover [0, PHASE_SPREAD) of the interval (see the module docstring)
 PHASE_SLOTS = 500  # phases take one of this many values (see phase_of)
 WorkloadKey = tuple[str, str, str]
@@ -111,3 +114,18 @@ def history_segments(spec: WorkloadSpec, end: float, interval: float) -> tuple[S
         bins = FORECAST_MEMORY_BINS + math.ceil(spec.horizon_s / spec.forecast_step_s)
         memory = max(memory, min(FORECAST_WARMUP_MAX_S, bins * spec.forecast_step_s))
     return _segment(fine.start, max(0.0, memory - (end - fine.start)), interval), fine
+
+
+def recall_segment(missing: tuple[float, float] | None, interval: float) -> Segment | None:
+    """The grid a warm start reads the season's missing history on (`Decider.missing`): ending
+    where the season's own history begins, on steps of at least SEASON_RECALL_STEP_S (and of
+    at most HISTORY_MAX_POINTS points). None when nothing is missing."""
+    if missing is None:
+        return None
+    start, end = missing
+    step = interval * max(
+        math.ceil(SEASON_RECALL_STEP_S / interval - 1e-9),
+        math.ceil((end - start) / interval / HISTORY_MAX_POINTS),
+    )
+    points = math.floor((end - start) / step + 1e-9)
+    return Segment(end - points * step, end, step) if points else None

@@ -14,7 +14,12 @@ from collections.abc import Callable
 
 from gpu_queue_scaler.decision.policy import TICK_TOLERANCE_S
 from gpu_queue_scaler.engine.faults import NoDecisionError
-from gpu_queue_scaler.engine.schedule import Segment, history_segments, tick_at_or_before
+from gpu_queue_scaler.engine.schedule import (
+    Segment,
+    history_segments,
+    recall_segment,
+    tick_at_or_before,
+)
 from gpu_queue_scaler.engine.turns import Turnstile, WarmStartTurn
 from gpu_queue_scaler.engine.workload import Workload
 from gpu_queue_scaler.settings.reload import ConfigStore
@@ -113,6 +118,37 @@ class WarmStarts:
                 )
                 return
             await self._replay(workload, spec, source, history, end, interval, segments[-1].step)
+
+    async def recall(self, workload: Workload) -> None:
+        """After the warm start and the first decision: read the hours of history the season
+        lacks (`Decider.missing`, on a minute's grid) and recall them into it
+        (`Decider.recall`), so that `forecast: wake` reads a period at once after a restart.
+        Not in the warm start: its first answer waits for none of this. A failed read costs
+        the season its older history only (logged)."""
+        decider = workload.decider
+        if decider is None:
+            return
+        segment = recall_segment(
+            decider.missing(), self._store.current.server.evaluation_interval_s
+        )
+        if segment is None:
+            return
+        spec = decider.spec
+        try:
+            older = await self._source_for(spec).history(
+                spec, segment.start, segment.end, segment.step
+            )
+        except Exception as exc:
+            bug = not isinstance(exc, (SourceError, TimeoutError))
+            log.warning(
+                "no season history for warm start: %s",
+                str(exc) or type(exc).__name__,
+                exc_info=bug,
+                extra={"workload": spec.workload},
+            )
+            return
+        await self._turns.take()  # array operations: well under a replay slice of CPU
+        decider.recall(older)
 
     async def _replay(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import math
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
@@ -14,11 +15,14 @@ from pathlib import Path
 import pytest
 
 from gpu_queue_scaler.decision import decider as decider_module
+from gpu_queue_scaler.decision.policy import Reason
 from gpu_queue_scaler.engine import Engine, schedule
 from gpu_queue_scaler.engine.schedule import (
     PHASE_SLOTS,
     PHASE_SPREAD,
+    SEASON_RECALL_STEP_S,
     phase_of,
+    recall_segment,
     tick_after,
     tick_at_or_before,
 )
@@ -99,6 +103,7 @@ def test_the_tick_grid_is_arithmetic_only() -> None:
         "zlib",
         "typing",
         "gpu_queue_scaler.decision.policy",
+        "gpu_queue_scaler.decision.season",  # for HISTORY_S: deterministic, no I/O, no clock
         "gpu_queue_scaler.settings.spec",
     }
     assert imported - pure == set()
@@ -327,3 +332,76 @@ async def test_a_workload_no_longer_asked_for_stops_and_gives_its_forecast_row_b
         assert again.replicas >= 1 and len(engine) == 1
     finally:
         await engine.close()
+
+
+# --- the season's history at a warm start ------------------------------------------------------
+
+BURST_PERIOD_S, BURST_S = 2400.0, 600.0
+
+
+def _bursting(at: float) -> Signal:
+    """A cron-like workload: 2 requests a second for 10 minutes of every 40 (S = 4 s)."""
+    rate = 2.0 if at % BURST_PERIOD_S < BURST_S else 0.0
+    return Signal(
+        at,
+        "prometheus",
+        waiting=0.0,
+        running=4.0 * rate,
+        arrival_rate=rate,
+        queue_time_mean_s=0.0,
+        queue_time_p99_s=0.0,
+        ready_pods=1 if rate else 0,
+        service_time_s=4.0 if rate else None,
+    )
+
+
+class BurstHistorySource:
+    """Prometheus as a restarted scaler finds it: the workload's last hours of bursts on any
+    grid asked (`reads`: the history reads seen)."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[float, float, float]] = []
+
+    async def read(self, spec: WorkloadSpec, at: float) -> Signal:
+        return _bursting(at)
+
+    async def history(
+        self, spec: WorkloadSpec, start: float, end: float, step: float
+    ) -> list[Signal]:
+        self.reads.append((start, end, step))
+        count = max(0, math.ceil((end - start) / step - 1e-9))
+        return [_bursting(start + i * step) for i in range(count)]
+
+
+def test_the_recall_segment_reads_what_the_season_lacks_on_a_minutes_grid() -> None:
+    end = 1_800_000_000.0
+    segment = recall_segment((end - 6 * 3600.0, end), 5.0)
+    assert segment is not None and segment.end == end and segment.step == SEASON_RECALL_STEP_S
+    assert segment.start == end - 6 * 3600.0  # 360 points, on the grid that ends at `end`
+    assert (segment.end - segment.start) / segment.step <= schedule.HISTORY_MAX_POINTS
+    assert recall_segment((end - 7.0, end), 5.0) is None  # less than a step: nothing to read
+    assert recall_segment(None, 5.0) is None
+
+
+async def test_a_restarted_scaler_wakes_for_the_next_burst_from_the_season_it_recalls() -> None:
+    """Started 200 s before a burst, half an hour after the last one: once its first answer is
+    out, the loop reads the hours the season lacks from the history source (on a minute's grid)
+    and recalls them, and its next decision wakes the workload for the burst. Its first answer,
+    from the replayed minutes alone, does not."""
+    clock = ManualClock(start=1_800_000_000.0 + 5 * BURST_PERIOD_S - 200.0)
+    source = BurstHistorySource()
+    engine = clock.engine(
+        ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=30.0))),
+        sources=lambda _: source,
+    )
+    trigger = parse_trigger("team-a", "batch", synthetic(scaleToZeroIdleSeconds="120"))
+    try:
+        first = await asyncio.wait_for(engine.decision(trigger), 30)
+        assert first.replicas == 0 and "no period found in the demand yet" in first.detail
+        assert await poll(lambda: any(s >= SEASON_RECALL_STEP_S for _, _, s in source.reads), 30)
+        clock.advance(5.0)
+        assert await poll(lambda: next(engine.decisions()).at > first.at, 30)
+        woken = next(engine.decisions())
+    finally:
+        await engine.close()
+    assert woken.reason is Reason.FORECAST and woken.replicas >= 1, woken.detail

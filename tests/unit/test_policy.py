@@ -1079,6 +1079,37 @@ def test_closed_loop_attainment_converges_to_its_target(share: float) -> None:
     assert explained is not None and "headroom" in explained.detail
 
 
+def test_the_waits_of_a_scale_from_zero_are_not_learnt_as_headroom() -> None:
+    """Requests that came while no replica served wait a cold start whatever the headroom. The
+    minutes after the first replicas serve show those waits (every request late): the loop
+    learns nothing from them, and the next burst is sized by its need alone. The same waits on
+    a fleet that kept serving raise the headroom."""
+    spec = make_spec(queueTimeSloSeconds=2, scaleToZeroIdleSeconds=60)
+    mean, p99 = WAIT_MEAN_S, WAIT_MEAN_S * math.log(100.0)  # everyone waited, 4 s on average
+
+    def run(from_zero: bool) -> tuple[float, str]:
+        state, made = PolicyState(), None
+        for i in range(12):  # a minute at zero, or serving, before the burst
+            at = T0 + 5.0 * i
+            ready = 0 if from_zero else 2
+            signal = Signal(at, "t", running=0.0 if from_zero else 16.0, waiting=40.0,
+                            arrival_rate=4.0, ready_pods=ready)  # fmt: skip
+            made, state = decide(spec, signal, state, at, STALE)
+        for i in range(12, 36):  # two minutes serving, the queue times showing the waits
+            at = T0 + 5.0 * i
+            signal = Signal(at, "t", running=16.0, waiting=0.0, arrival_rate=4.0, ready_pods=2,
+                            queue_time_mean_s=mean, queue_time_p99_s=p99)  # fmt: skip
+            made, state = decide(spec, signal, state, at, STALE)
+        assert made is not None
+        return math.exp(state.headroom_log), made.detail
+
+    headroom, detail = run(from_zero=True)
+    assert headroom == 1.0
+    assert "a scale from zero's: not learnt" in detail
+    served, _ = run(from_zero=False)
+    assert served > 1.1
+
+
 @pytest.mark.parametrize(
     ("waiting_share", "slo_s"), [(0.5, 2.0), (0.2, 1.0), (1.0, 3.0), (0.05, 8.0), (0.02, 0.5)]
 )

@@ -198,6 +198,53 @@ def test_wake_brings_an_idle_workload_back_before_a_recurring_burst() -> None:
     )
 
 
+def signal_at(at: float) -> Signal:
+    """What a server shows at `at` on the recurring burst: 2 requests a second for 10 minutes
+    (S = 4 s, one replica of 8 slots busy), then nothing."""
+    rate = 2.0 * demand_at(at) / 5.0
+    return Signal(
+        at,
+        "scrape",
+        waiting=0.0,
+        running=rate * 4.0,
+        arrival_rate=rate,
+        queue_time_mean_s=0.0,
+        queue_time_p99_s=0.0,
+        ready_pods=1 if rate else 0,
+        service_time_s=4.0 if rate else None,
+    )
+
+
+def test_a_restarted_decider_recalls_the_season_and_wakes_for_the_next_burst() -> None:
+    """A scaler restarted 20 minutes before the fifth burst: after its first tick the warm start
+    recalls the hours its season lacks (`Decider.missing`) on a minute's grid
+    (`Decider.recall`). With the recall it finds the period and wakes for the burst; without
+    it (what a restart knew before), it does not, and the burst waits a cold start."""
+    restart = T0 + 5 * PERIOD_S - 1200.0
+    before = restart + 1200.0 - 60.0
+    targets = {}
+    for recalled in (True, False):
+        decider = Decider(spec())
+        decider.tick(signal_at(restart), restart)
+        missing = decider.missing()
+        assert missing is not None and missing[1] - missing[0] >= HISTORY_S - 60.0
+        if recalled:
+            start = max(T0, missing[0])
+            decider.recall([signal_at(t) for t in np.arange(start, missing[1], 60.0)])
+            assert decider.season is not None and decider.season.period_s == PERIOD_S
+            assert decider.missing() is None or decider.missing()[1] <= start
+        at, made = restart + INTERVAL, None
+        while at < before:
+            made = decider.tick(signal_at(at), at)
+            at += INTERVAL
+        assert made is not None
+        targets[recalled] = made
+        decider.release()
+    woken, cold = targets[True], targets[False]
+    assert woken.replicas >= 1 and woken.reason is Reason.FORECAST, woken.detail
+    assert cold.replicas == 0 and "no period found in the demand yet" in cold.detail
+
+
 def test_wake_leaves_a_busy_workload_to_its_need() -> None:
     woken = run(spec(), 5)
     busy = [(t, reason) for t, _, reason in woken if (t % PERIOD_S) < BURST_S + 300.0]
@@ -274,6 +321,9 @@ def test_wake_reads_the_forecast_for_a_horizon_after_the_workload_was_last_quiet
     quiet = Signal(T0, "scrape", waiting=0.0, running=0.0, arrival_rate=0.0, ready_pods=0)
     woken, state = decide(workload, quiet, PolicyState(), T0, 60.0, outlook=outlook)
     assert woken is not None and woken.replicas == 4
+    # `scaler explain` says what the numbers are: the demand seen, not a quantile.
+    assert "a period ago<=3.00, one or two periods ago<=4.00 (SeasonalMax)" in woken.detail
+    assert "q90" not in woken.detail
     busy = Signal(T0, "scrape", waiting=0.0, running=8.0, arrival_rate=2.0, ready_pods=1)
     at = T0
     read = []
