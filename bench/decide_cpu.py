@@ -13,11 +13,14 @@ the first calls wait on (`scaler bench load`, "first per object"). In this proce
 - *replay, detail*: `Decider.tick` tick by tick as a live tick runs it (explain=True);
 - *replay, quiet*: `Decider.replay`, as the engine replays (explain=False: the same decisions,
   no detail text);
+- *season history* and *recall*: once a workload's first answer is out, the hours its season
+  lacks (`Decider.missing`), read on a minute's grid (`engine.schedule.recall_segment`) and
+  recalled into it (`Decider.recall`: array operations and one period search, no decisions);
 - *value*: one `Decision` built as the NamedTuple it is, against the same fields as a frozen
   dataclass (what it was before).
 
-It prints ms per warm start and us per value, and the ratios quiet / detail and NamedTuple /
-frozen dataclass.
+It prints ms per warm start and us per value, and the ratios quiet / detail, recall / replay and
+NamedTuple / frozen dataclass.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Callable
 
 from gpu_queue_scaler.decision.decider import Decider
 from gpu_queue_scaler.decision.policy import Decision
-from gpu_queue_scaler.engine.schedule import history_segments, tick_at_or_before
+from gpu_queue_scaler.engine.schedule import history_segments, recall_segment, tick_at_or_before
 from gpu_queue_scaler.engine.warm_start import read_history
 from gpu_queue_scaler.settings.config import Config
 from gpu_queue_scaler.settings.spec import WorkloadSpec, resolve
@@ -92,6 +95,35 @@ def main() -> None:
     loud_s = best(args.repeats, lambda: replay(histories, explain=True))
     quiet_s = best(args.repeats, lambda: replay(histories, explain=False))
 
+    def replayed() -> list[Decider]:
+        deciders = []
+        for spec, history in histories:
+            decider = Decider(spec, stale_s=STALE_S)
+            decider.replay(history)
+            deciders.append(decider)
+        return deciders
+
+    async def read_missing(deciders: list[Decider]) -> list[list[Signal]]:
+        out = []
+        for decider in deciders:
+            segment = recall_segment(decider.missing(), INTERVAL_S)
+            assert segment is not None  # a replayed season lacks its older hours
+            out.append(await source.history(decider.spec, segment.start, segment.end, segment.step))
+        return out
+
+    fed = replayed()  # what the reads need of them (`missing`) does not change as they read
+    older = asyncio.run(read_missing(fed))
+    older_s = best(args.repeats, lambda: asyncio.run(read_missing(fed)))
+
+    def recall_all() -> float:  # the recall alone, on freshly replayed deciders
+        deciders = replayed()
+        start = time.perf_counter()
+        for decider, signals in zip(deciders, older, strict=True):
+            decider.recall(signals)
+        return time.perf_counter() - start
+
+    recall_s = min(recall_all() for _ in range(args.repeats))
+
     frozen = dataclasses.make_dataclass(
         "FrozenDecision", [(name, object) for name in Decision._fields], frozen=True
     )
@@ -108,6 +140,11 @@ def main() -> None:
         print(f"  {name:<28} {took * per_start:7.3f} ms per warm start")
     print(f"  {'replay, quiet':<28} {quiet_s * per_start:7.3f} ms per warm start")
     print(f"  {'ratio quiet / detail':<28} {quiet_s / loud_s:7.3f}")
+    points = sum(len(signals) for signals in older) // len(older)
+    read = f"{older_s * per_start:7.3f} ms per warm start ({points} points)"
+    print(f"  {'season history (synthetic)':<28} {read}")
+    print(f"  {'recall':<28} {recall_s * per_start:7.3f} ms per warm start")
+    print(f"  {'ratio recall / replay, quiet':<28} {recall_s / quiet_s:7.3f}")
     print(f"  {'Decision, NamedTuple':<28} {named_s / VALUES * 1e6:7.3f} us")
     print(f"  {'Decision, frozen dataclass':<28} {frozen_s / VALUES * 1e6:7.3f} us")
     print(f"  {'ratio NamedTuple / frozen':<28} {named_s / frozen_s:7.3f}")

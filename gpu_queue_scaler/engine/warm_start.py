@@ -29,6 +29,20 @@ from gpu_queue_scaler.sources import Source, SourceError
 
 log = logging.getLogger(__package__)  # "gpu_queue_scaler.engine" for every module of the package
 
+
+def _no_history(what: str, exc: BaseException, spec: WorkloadSpec) -> None:
+    """A history read failed: down, refused, garbage or late is a warning; anything else is a
+    bug, and its traceback is logged too."""
+    bug = not isinstance(exc, (SourceError, TimeoutError))
+    log.warning(
+        "%s: %s",
+        what,
+        str(exc) or type(exc).__name__,
+        exc_info=bug,
+        extra={"workload": spec.workload},
+    )
+
+
 REPLAY_SLICE_S = 0.001  # a warm start's replay gives the event loop a turn after this much CPU
 # Warm-start replays at once by default; the rest wait their turn in arrival order
 # (`WarmStarts.run`; Engine(warm_starts_at_once=...)).
@@ -109,13 +123,7 @@ class WarmStarts:
                     read_history(source, spec, segments), HISTORY_PATIENCE_S
                 )
             except Exception as exc:  # down, refused, garbage, a bug: a cold start, not a crash
-                bug = not isinstance(exc, (SourceError, TimeoutError))
-                log.warning(
-                    "no history for warm start: %s",
-                    str(exc) or type(exc).__name__,
-                    exc_info=bug,
-                    extra={"workload": spec.workload},
-                )
+                _no_history("no history for warm start", exc, spec)
                 return
             await self._replay(workload, spec, source, history, end, interval, segments[-1].step)
 
@@ -123,29 +131,24 @@ class WarmStarts:
         """After the warm start and the first decision: read the hours of history the season
         lacks (`Decider.missing`, on a minute's grid) and recall them into it
         (`Decider.recall`), so that `forecast: wake` reads a period at once after a restart.
-        Not in the warm start: its first answer waits for none of this. A failed read costs
-        the season its older history only (logged)."""
+        Not in the warm start: its first answer waits for none of this. The read is given an
+        evaluation interval, so the loop's next tick is late by at most that; a read that
+        fails or takes longer costs the season its older history only (logged)."""
         decider = workload.decider
         if decider is None:
             return
-        segment = recall_segment(
-            decider.missing(), self._store.current.server.evaluation_interval_s
-        )
+        interval = self._store.current.server.evaluation_interval_s
+        segment = recall_segment(decider.missing(), interval)
         if segment is None:
             return
         spec = decider.spec
         try:
-            older = await self._source_for(spec).history(
-                spec, segment.start, segment.end, segment.step
+            older = await asyncio.wait_for(
+                self._source_for(spec).history(spec, segment.start, segment.end, segment.step),
+                interval,
             )
         except Exception as exc:
-            bug = not isinstance(exc, (SourceError, TimeoutError))
-            log.warning(
-                "no season history for warm start: %s",
-                str(exc) or type(exc).__name__,
-                exc_info=bug,
-                extra={"workload": spec.workload},
-            )
+            _no_history("no season history for warm start", exc, spec)
             return
         await self._turns.take()  # array operations: well under a replay slice of CPU
         decider.recall(older)

@@ -147,6 +147,9 @@ def test_decide_cpu_bench_prints_its_ratios() -> None:
         "replay, detail",
         "replay, quiet",
         "ratio quiet / detail",
+        "season history (synthetic)",
+        "recall",
+        "ratio recall / replay, quiet",
         "Decision, NamedTuple",
         "Decision, frozen dataclass",
         "ratio NamedTuple / frozen",
@@ -154,4 +157,8 @@ def test_decide_cpu_bench_prints_its_ratios() -> None:
     assert rows["ratio quiet / detail"] == pytest.approx(
         rows["replay, quiet"] / rows["replay, detail"], abs=0.01
     )
+    assert rows["ratio recall / replay, quiet"] == pytest.approx(
+        rows["recall"] / rows["replay, quiet"], abs=0.01
+    )
+    assert "(350 points)" in next(line for line in lines if "season history" in line)
     assert all(value > 0 for value in rows.values())

@@ -32,6 +32,7 @@ from gpu_queue_scaler.settings.reload import ConfigStore
 from gpu_queue_scaler.settings.spec import WorkloadSpec
 from gpu_queue_scaler.settings.trigger import parse_trigger
 from gpu_queue_scaler.signals import Signal
+from gpu_queue_scaler.sources import SourceError
 from gpu_queue_scaler.sources.synthetic import SyntheticSource
 from gpu_queue_scaler_bench.load.polls import trigger_metadata
 from tests.conftest import ManualClock, poll, synthetic
@@ -359,7 +360,8 @@ class BurstHistorySource:
     """Prometheus as a restarted scaler finds it: the workload's last hours of bursts on any
     grid asked (`reads`: the history reads seen)."""
 
-    def __init__(self) -> None:
+    def __init__(self, older_fails: bool = False) -> None:
+        self.older_fails = older_fails
         self.reads: list[tuple[float, float, float]] = []
 
     async def read(self, spec: WorkloadSpec, at: float) -> Signal:
@@ -369,6 +371,8 @@ class BurstHistorySource:
         self, spec: WorkloadSpec, start: float, end: float, step: float
     ) -> list[Signal]:
         self.reads.append((start, end, step))
+        if self.older_fails and step >= SEASON_RECALL_STEP_S:
+            raise SourceError("prometheus answered 503")
         count = max(0, math.ceil((end - start) / step - 1e-9))
         return [_bursting(start + i * step) for i in range(count)]
 
@@ -405,3 +409,25 @@ async def test_a_restarted_scaler_wakes_for_the_next_burst_from_the_season_it_re
     finally:
         await engine.close()
     assert woken.reason is Reason.FORECAST and woken.replicas >= 1, woken.detail
+
+
+async def test_a_failed_season_read_costs_the_season_only(caplog: pytest.LogCaptureFixture) -> None:
+    """The hours the season lacks are read after the first answer; that read failing is one
+    warning, and the workload goes on deciding from its replayed minutes."""
+    clock = ManualClock(start=1_800_000_000.0 + 5 * BURST_PERIOD_S - 200.0)
+    source = BurstHistorySource(older_fails=True)
+    engine = clock.engine(
+        ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=30.0))),
+        sources=lambda _: source,
+    )
+    trigger = parse_trigger("team-a", "batch", synthetic(scaleToZeroIdleSeconds="120"))
+    try:
+        first = await asyncio.wait_for(engine.decision(trigger), 30)
+        assert await poll(lambda: "no season history" in caplog.text, 30)
+        clock.advance(5.0)
+        assert await poll(lambda: next(engine.decisions()).at > first.at, 30)
+        later = next(engine.decisions())
+    finally:
+        await engine.close()
+    assert "no season history for warm start: prometheus answered 503" in caplog.text
+    assert later.replicas == 0 and "no period found in the demand yet" in later.detail
