@@ -96,6 +96,12 @@ class NeedForecast:
             self.count += 1
         return self.outlook
 
+    def resume(self, index: int, total: float, count: int) -> None:
+        """Move to bin `index` and take `total` over `count` needs as what that open bin has
+        been fed so far: a replay of history that ends inside a bin (`Season.replay_into`)."""
+        self.advance(index)
+        self.total, self.count = total, count
+
     def advance(self, index: int) -> None:
         """Move to bin `index`: close the bins before it (a bin with no need is missing, NaN)
         and forecast from there. A gap over MAX_GAP_BINS restarts the series at `index`."""

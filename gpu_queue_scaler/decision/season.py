@@ -279,8 +279,7 @@ class Season:
         first = self.bin - series.size
         for offset, mean in enumerate(series.tolist()):
             forecast.observe((first + offset) * self.step_s, mean if math.isfinite(mean) else None)
-        forecast.advance(self.bin)
-        forecast.total, forecast.count = self._total, self._count
+        forecast.resume(self.bin, self._total, self._count)
 
 
 def _fill(ring: np.ndarray, bins: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:

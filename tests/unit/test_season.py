@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from gpu_queue_scaler.decision.decider import Decider
-from gpu_queue_scaler.decision.outlook import Outlook
+from gpu_queue_scaler.decision.outlook import NeedForecast, Outlook
 from gpu_queue_scaler.decision.policy import PolicyState, Reason, decide
 from gpu_queue_scaler.decision.season import HISTORY_S, Season
 from gpu_queue_scaler.forecast.period import autocorrelation, find_period
@@ -136,6 +136,26 @@ def test_the_history_is_bounded_and_a_long_gap_restarts_it() -> None:
     season.observe(later, 1.0)
     assert not season.covers(10.0) and season.history().size == 0
     assert season.period_s == PERIOD_S  # a pattern that pauses keeps its period
+
+
+def test_a_forecast_seat_replayed_from_the_season_forecasts_as_one_fed_live() -> None:
+    """A period found with `forecast: on` starts a new forecaster seat on the history the season
+    holds (`replay_into`): bins, gaps and the open bin's demand so far. It then forecasts
+    exactly as a seat fed the same ticks live would have."""
+    season = Season(10.0, search=True)
+    live = NeedForecast(10.0, 210.0, PERIOD_S)
+    at = T0
+    while at < T0 + 2 * PERIOD_S + 7.0:  # ends inside a bin, a minute-long gap on the way
+        demand = None if T0 + 1000.0 <= at < T0 + 1060.0 else demand_at(at)
+        season.observe(at, demand)
+        live.observe(at, demand)
+        at += INTERVAL
+    replayed = NeedForecast(10.0, 210.0, PERIOD_S)
+    season.replay_into(replayed)
+    assert (replayed.bin, replayed.total, replayed.count) == (live.bin, live.total, live.count)
+    for _ in range(3):  # the next bins close alike
+        at += 10.0
+        assert replayed.observe(at, 5.0) == live.observe(at, 5.0)
 
 
 # --- the decision -------------------------------------------------------------------------------
