@@ -9,13 +9,14 @@ import ast
 import asyncio
 import math
 from collections import Counter
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
 from gpu_queue_scaler.decision import decider as decider_module
-from gpu_queue_scaler.decision.policy import Reason
+from gpu_queue_scaler.decision.policy import Decision, Reason
 from gpu_queue_scaler.engine import Engine, schedule
 from gpu_queue_scaler.engine.schedule import (
     PHASE_SLOTS,
@@ -387,13 +388,12 @@ def test_the_recall_segment_reads_what_the_season_lacks_on_a_minutes_grid() -> N
     assert recall_segment(None, 5.0) is None
 
 
-async def test_a_restarted_scaler_wakes_for_the_next_burst_from_the_season_it_recalls() -> None:
-    """Started 200 s before a burst, half an hour after the last one: once its first answer is
-    out, the loop reads the hours the season lacks from the history source (on a minute's grid)
-    and recalls them, and its next decision wakes the workload for the burst. Its first answer,
-    from the replayed minutes alone, does not."""
+async def _restarted_before_a_burst(
+    source: BurstHistorySource, recalled: Callable[[], bool]
+) -> tuple[Decision, Decision]:
+    """A scaler started 200 s before a burst, half an hour after the last one: its first
+    decision, and its next one, taken once `recalled()` says the season's read is over."""
     clock = ManualClock(start=1_800_000_000.0 + 5 * BURST_PERIOD_S - 200.0)
-    source = BurstHistorySource()
     engine = clock.engine(
         ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=30.0))),
         sources=lambda _: source,
@@ -401,33 +401,31 @@ async def test_a_restarted_scaler_wakes_for_the_next_burst_from_the_season_it_re
     trigger = parse_trigger("team-a", "batch", synthetic(scaleToZeroIdleSeconds="120"))
     try:
         first = await asyncio.wait_for(engine.decision(trigger), 30)
-        assert first.replicas == 0 and "no period found in the demand yet" in first.detail
-        assert await poll(lambda: any(s >= SEASON_RECALL_STEP_S for _, _, s in source.reads), 30)
+        assert await poll(recalled, 30)
         clock.advance(5.0)
         assert await poll(lambda: next(engine.decisions()).at > first.at, 30)
-        woken = next(engine.decisions())
+        return first, next(engine.decisions())
     finally:
         await engine.close()
+
+
+async def test_a_restarted_scaler_wakes_for_the_next_burst_from_the_season_it_recalls() -> None:
+    """Once its first answer is out, the loop reads the hours the season lacks from the history
+    source (on a minute's grid) and recalls them, and its next decision wakes the workload for
+    the burst. Its first answer, from the replayed minutes alone, does not."""
+    source = BurstHistorySource()
+    first, woken = await _restarted_before_a_burst(
+        source, lambda: any(step >= SEASON_RECALL_STEP_S for _, _, step in source.reads)
+    )
+    assert first.replicas == 0 and "no period found in the demand yet" in first.detail
     assert woken.reason is Reason.FORECAST and woken.replicas >= 1, woken.detail
 
 
 async def test_a_failed_season_read_costs_the_season_only(caplog: pytest.LogCaptureFixture) -> None:
     """The hours the season lacks are read after the first answer; that read failing is one
     warning, and the workload goes on deciding from its replayed minutes."""
-    clock = ManualClock(start=1_800_000_000.0 + 5 * BURST_PERIOD_S - 200.0)
-    source = BurstHistorySource(older_fails=True)
-    engine = clock.engine(
-        ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=30.0))),
-        sources=lambda _: source,
+    _, later = await _restarted_before_a_burst(
+        BurstHistorySource(older_fails=True), lambda: "no season history" in caplog.text
     )
-    trigger = parse_trigger("team-a", "batch", synthetic(scaleToZeroIdleSeconds="120"))
-    try:
-        first = await asyncio.wait_for(engine.decision(trigger), 30)
-        assert await poll(lambda: "no season history" in caplog.text, 30)
-        clock.advance(5.0)
-        assert await poll(lambda: next(engine.decisions()).at > first.at, 30)
-        later = next(engine.decisions())
-    finally:
-        await engine.close()
     assert "no season history for warm start: prometheus answered 503" in caplog.text
     assert later.replicas == 0 and "no period found in the demand yet" in later.detail
