@@ -189,14 +189,16 @@ class Engine:
                 await evaluate(workload, tick, self._store, self._source_for, self._monotonic)
                 first = workload.last_tick is None
                 workload.last_tick = tick
-                if first:  # the season's older hours, once its first answer is out
-                    await self._warm_starts.recall(workload)
+                if first:  # the season's older hours, once its first answer is out, aside
+                    workload.recalling = asyncio.create_task(self._warm_starts.recall(workload))
         except Exception:  # a bug must not leave KEDA with a silently frozen target
             log.exception("workload loop crashed", extra={"workload": key[0] + "/" + key[1]})
             workload.publish(
                 None, NoDecisionError(Fault.UNAVAILABLE, "internal error; see scaler logs")
             )
         finally:
+            if workload.recalling is not None:
+                workload.recalling.cancel()
             if self._workloads.get(key) is workload:
                 del self._workloads[key]
                 release = getattr(self._source_for, "release", None)

@@ -49,6 +49,9 @@ REPLAY_SLICE_S = 0.001  # a warm start's replay gives the event loop a turn afte
 WARM_STARTS_AT_ONCE = 16
 HISTORY_PATIENCE_S = 1.0  # a warm start's history read slower than this gives its turn back
 WARM_START_CATCH_UPS = 3  # ticks passed during a warm start's replay are replayed, this often
+# The seasons' older hours are read this many at a time (`WarmStarts.recall`): a restart of 1,000
+# workloads must not send Prometheus 1,000 six-hour range queries at once.
+RECALLS_AT_ONCE = 4
 
 
 async def read_history(
@@ -93,6 +96,7 @@ class WarmStarts:
         self._clock = clock
         self._turns = turns
         self._queue = asyncio.Semaphore(at_once)  # FIFO (see `run`)
+        self._recalls = asyncio.Semaphore(RECALLS_AT_ONCE)
 
     async def run(self, workload: Workload) -> None:
         """Replay the source's recent history through the policy on the tick grid.
@@ -131,27 +135,30 @@ class WarmStarts:
         """After the warm start and the first decision: read the hours of history the season
         lacks (`Decider.missing`, on a minute's grid) and recall them into it
         (`Decider.recall`), so that `forecast: wake` reads a period at once after a restart.
-        Not in the warm start: its first answer waits for none of this. The read is given an
-        evaluation interval, so the loop's next tick is late by at most that; a read that
-        fails or takes longer costs the season its older history only (logged)."""
-        decider = workload.decider
-        if decider is None:
-            return
-        interval = self._store.current.server.evaluation_interval_s
-        segment = recall_segment(decider.missing(), interval)
-        if segment is None:
-            return
-        spec = decider.spec
-        try:
-            older = await asyncio.wait_for(
-                self._source_for(spec).history(spec, segment.start, segment.end, segment.step),
-                interval,
-            )
-        except Exception as exc:
-            _no_history("no season history for warm start", exc, spec)
-            return
+        Not in the warm start, and a task of its own beside the workload's loop: neither its
+        first answer nor its ticks wait for any of this. RECALLS_AT_ONCE reads at a time, in
+        the order asked; a read that fails costs the season its older history only (logged)."""
+        async with self._recalls:
+            decider = workload.decider
+            if decider is None:
+                return
+            interval = self._store.current.server.evaluation_interval_s
+            segment = recall_segment(decider.missing(), interval)
+            if segment is None:
+                return
+            spec = decider.spec
+            try:
+                older = await self._source_for(spec).history(
+                    spec, segment.start, segment.end, segment.step
+                )
+            except Exception as exc:
+                _no_history("no season history for warm start", exc, spec)
+                return
         await self._turns.take()  # array operations: well under a replay slice of CPU
-        decider.recall(older)
+        try:
+            decider.recall(older)
+        except Exception:  # a bug costs the season its older hours, never the workload's loop
+            log.exception("season recall failed", extra={"workload": spec.workload})
 
     async def _replay(
         self,

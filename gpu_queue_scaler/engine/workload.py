@@ -57,6 +57,7 @@ class Workload:
         self.first = asyncio.Event()  # the first evaluation has finished (with or without result)
         self._updated: asyncio.Event | None = None  # see `updated`
         self.task: asyncio.Task[None] | None = None
+        self.recalling: asyncio.Task[None] | None = None  # the season's older hours (`recall`)
         self.source_failures = SourceFailures()
         self.phase = phase_of((trigger.namespace, trigger.name, trigger.metric_name))
         self.resolved: Resolved | None = None  # the last resolve (`resolved_for`)

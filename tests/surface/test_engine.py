@@ -429,3 +429,61 @@ async def test_a_failed_season_read_costs_the_season_only(caplog: pytest.LogCapt
     )
     assert "no season history for warm start: prometheus answered 503" in caplog.text
     assert later.replicas == 0 and "no period found in the demand yet" in later.detail
+
+
+class HeldRecallSource(BurstHistorySource):
+    """The seasons' reads (a minute's grid) wait for `release`; `most` counts them in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.in_flight = self.most = 0
+
+    async def history(
+        self, spec: WorkloadSpec, start: float, end: float, step: float
+    ) -> list[Signal]:
+        if step < SEASON_RECALL_STEP_S:
+            return await super().history(spec, start, end, step)
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await self.release.wait()
+            return await super().history(spec, start, end, step)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_season_reads_go_a_few_at_a_time_and_never_hold_up_the_ticks() -> None:
+    """A restart of many workloads reads their seasons' hours RECALLS_AT_ONCE at a time (not
+    a burst of six-hour range queries on Prometheus), and while those reads wait every
+    workload keeps ticking on its own loop."""
+    from gpu_queue_scaler.engine.warm_start import RECALLS_AT_ONCE
+
+    clock = ManualClock(start=1_800_000_000.0 + 5 * BURST_PERIOD_S - 200.0)
+    source = HeldRecallSource()
+    engine = clock.engine(
+        ConfigStore(Config(server=ServerSettings(first_decision_timeout_s=30.0))),
+        sources=lambda _: source,
+    )
+    triggers = [
+        parse_trigger("team-a", f"batch-{i}", synthetic(scaleToZeroIdleSeconds="120"))
+        for i in range(3 * RECALLS_AT_ONCE)
+    ]
+    try:
+        firsts = await asyncio.wait_for(asyncio.gather(*(engine.decision(t) for t in triggers)), 30)
+        assert await poll(lambda: source.in_flight == RECALLS_AT_ONCE, 30)
+        clock.advance(5.0)  # a tick for every loop while the reads are held
+        assert await poll(
+            lambda: (
+                all(d.at > firsts[0].at for d in engine.decisions())
+                and len(list(engine.decisions())) == len(triggers)
+            ),
+            30,
+        )
+        source.release.set()
+        assert await poll(lambda: sum(step >= SEASON_RECALL_STEP_S for *_, step in source.reads)
+                          == len(triggers), 30)  # fmt: skip
+    finally:
+        source.release.set()
+        await engine.close()
+    assert source.most == RECALLS_AT_ONCE
