@@ -4,8 +4,8 @@ auto`).
 Why here and not in the forecaster: the forecaster's seasonal models are built for one period
 and share a bank with every workload of the same shape, so a period found later means a new
 forecast seat. This keeps what that seat needs: the demand in bins of the forecast's step for
-the last `HISTORY_S` (a ring allocated once: 17 KB at the default 10 s step, twice that with
-`auto`, which also keeps the arrival rate), so the new seat learns it at once (`replay_into`)
+the last `HISTORY_S` (a ring allocated once: 17 KB at the default 10 s step, and as much again
+for the arrival rate beside it), so the new seat learns it at once (`replay_into`)
 instead of waiting two periods more. The same ring is what `forecast: wake` reads (`outlook`):
 the demand one period ago once the series has run one period, and two periods ago too once it
 has run two, with no forecaster seat at all. Deterministic, no I/O, no clock.
@@ -91,8 +91,10 @@ class Season:
         self.search = search
         self.keep = keep
         size = max(1, round(HISTORY_S / step_s)) if search or keep else 0
-        self._ring = np.full(size, math.nan)
-        self._rates = np.full(size if search else 0, math.nan)  # the arrival rate, searched
+        # Row 0 the demand (what the outlook reads), row 1 the arrival rate (what is searched),
+        # written together: a bin closes, is skipped or restarts for both at once.
+        self._rings = np.full((2, size), math.nan)
+        self._ring, self._rates = self._rings
         self._outlook: tuple[tuple[int, float, float], Outlook | None] | None = None
         self.bin: int | None = None  # the open bin
         self.first_bin = 0
@@ -123,8 +125,7 @@ class Season:
         closed = False
         if index != self.bin:
             if self.bin is None or index - self.bin > MAX_GAP_BINS:  # a restart (NeedForecast's)
-                self._ring[:] = math.nan
-                self._rates[:] = math.nan
+                self._rings[:] = math.nan
                 self.bin = self.first_bin = index
                 self._total, self._count = 0.0, 0
                 self._rate_total, self._rate_count = 0.0, 0
@@ -134,7 +135,7 @@ class Season:
         if demand is not None and math.isfinite(demand):
             self._total += demand
             self._count += 1
-        if rate is not None and math.isfinite(rate) and self._rates.size:
+        if rate is not None and math.isfinite(rate):
             self._rate_total += rate
             self._rate_count += 1
         return closed and search and self.search and self._search()
@@ -166,26 +167,23 @@ class Season:
         index, demand, rate = index[keep] - first, demand[keep], rate[keep]
         bins = np.arange(first, self.first_bin) % self._ring.size
         _fill(self._ring, bins, index, demand)
-        if self._rates.size:
-            _fill(self._rates, bins, index, rate)
+        _fill(self._rates, bins, index, rate)
         self.first_bin = first
         self._searched_at = None  # the history changed: search now
         return self.find()
 
     def _close(self, index: int) -> None:
-        """Close the open bin and any after it before `index` (no demand: NaN)."""
+        """Close the open bin and any after it before `index` (nothing decided: NaN)."""
         assert self.bin is not None
         size = self._ring.size
         if size:
-            self._ring[self.bin % size] = self._total / self._count if self._count else math.nan
-            if self._rates.size:
-                rates = self._rate_total / self._rate_count if self._rate_count else math.nan
-                self._rates[self.bin % size] = rates
+            self._rings[:, self.bin % size] = (
+                self._total / self._count if self._count else math.nan,
+                self._rate_total / self._rate_count if self._rate_count else math.nan,
+            )
             if index > self.bin + 1:
                 gap = np.arange(self.bin + 1, min(index, self.bin + 1 + size)) % size
-                self._ring[gap] = math.nan
-                if self._rates.size:
-                    self._rates[gap] = math.nan
+                self._rings[:, gap] = math.nan
         self._total, self._count = 0.0, 0
         self._rate_total, self._rate_count = 0.0, 0
         self.bin = index
