@@ -12,7 +12,8 @@ The rule, in the order `decide` applies it (each step names itself as the decisi
    it: the replicas asked for within the horizon and not yet ready, and the queue they will drain,
    are not asked for again (`fleet`, `capacity.Fleet`). S is the one at the operating point (a
    replica holding targetConcurrency requests), fitted against the batch from the servers' own
-   counters (`operating_service_time`), not the S the fleet's current size produces; and the
+   counters (`operating_service_time`), not the S the fleet's current size produces (while a
+   scale from zero waits for its first replica with no fit and no S, the mean S last seen); and the
    need carries a headroom set in closed loop on the attainment measured
    (`closed_loop_headroom`: the share of requests late past queueTimeSloSeconds, read from
    the queue time's mean and p99, against 1 - sloAttainment);
@@ -41,7 +42,8 @@ The rule, in the order `decide` applies it (each step names itself as the decisi
    `fallback` takes over.
 
 Every window the rule keeps is bounded (`policy_memory_s`), so a replica that warm-starts by
-replaying that much history tick for tick decides exactly as one that ran all along.
+replaying that much history tick for tick decides exactly as one that ran all along (but for
+the S a scale from zero after a long idle sizes from: `observe_service_time`).
 """
 
 from __future__ import annotations
@@ -321,11 +323,14 @@ def observe_service_time(
     seen: tuple[tuple[int, float, int], ...], s: float | None, at: float
 ) -> tuple[tuple[int, float, int], ...]:
     """Add this tick's loaded S (None: not known) to its bucket; keep the buckets within
-    SERVICE_TIME_WINDOW_S, or the newest one while none is (see below). It feeds only the
-    offered load the forecaster learns, never the target itself, so it is not in
-    `policy_memory_s`: a warm start replays the rule's memory, and a
-    replica that started less than this window ago learns from a mean over fewer minutes (the
-    forecaster's own warm start is already approximate, `forecast` in docs/tuning.md)."""
+    SERVICE_TIME_WINDOW_S, or the newest one while none is (see below). It feeds the offered
+    load the forecaster learns, and the target only while no replica serves and the fit of S
+    against the batch is empty (`decide`: a scale from zero after a long idle). So it is not in
+    `policy_memory_s`: a warm start replays the rule's memory, and a replica that started less
+    than this window ago learns from a mean over fewer minutes (the forecaster's own warm start
+    is already approximate, `forecast` in docs/tuning.md); one that started while the workload
+    sat at zero for longer than the replayed history knows no S, and sizes its first scale from
+    zero from the concurrency term until its fit fills."""
     bucket = math.floor((at + TICK_TOLERANCE_S) / SERVICE_TIME_BUCKET_S)
     first = bucket - SERVICE_TIME_BUCKETS + 1
     kept = [b for b in seen if b[0] >= first]
@@ -495,6 +500,17 @@ def decide(
         state.service_fit, signal, capacity.measured_service_time(signal), at
     )
     operating = operating_service_time(service_fit, spec.target_concurrency)
+    if (
+        operating is None
+        and signal.ready_pods == 0
+        and capacity.loaded_service_time(signal, spec.capacity) is None
+    ):
+        # No replica serves, no fit and no S from the servers (a scale from zero after an idle
+        # longer than the fit's window): the last S they showed stands for it
+        # (`observe_service_time` keeps it through the idle). Without one, the queue that builds
+        # during the cold start counts as slots needed now, and a scale from zero asks for
+        # maxReplicas.
+        operating = steady_service_time(state.service_seen)
     required = capacity.need(signal, spec.capacity, ahead_of, operating)
     if required is None:
         reasons = faults + signal.reasons
@@ -507,6 +523,8 @@ def decide(
     demand = required.demand if required.demand is not None else required.replicas
     need = max(demand * headroom, required.floor)
     now_replicas = max(0, math.ceil(need - EPSILON))
+    # The S that stood in is kept too: it carries the mean through the cold start, so the first
+    # few completions of the replicas that come up (the short requests end first) do not set it.
     service_seen = observe_service_time(state.service_seen, required.loaded_s, at)
     # The window remembers the steady need (without a backlog's drain), so the replicas a
     # drain keeps busy go once the queue is gone, not a whole window later.

@@ -554,6 +554,52 @@ def test_a_cold_start_queue_is_not_asked_for_twice() -> None:
     assert queue_terms, "the queue term (with replicas on their way) set the need"
 
 
+def test_a_scale_from_zero_after_a_long_idle_sizes_its_queue_from_the_s_it_last_saw() -> None:
+    # 2 req/s with S = 10 s on 3 replicas (2.5 needed at 8 slots), then half an hour at zero
+    # (longer than the fit of S against the batch remembers), then the same 2 req/s again,
+    # queueing for the 180 s cold start. Sized from the S last seen, the queue term asks for the
+    # flow and the backlog a replica asked now would meet, once, and keeps the replicas on
+    # their way. A state that never saw an S can only count the queue as slots needed now: it
+    # climbs with every request that waits, to 45 replicas for a flow that needs 3.
+    spec = make_spec(coldStartSeconds=180, pollingIntervalSeconds=30)
+
+    def burst(state: PolicyState, start: float) -> list[Decision]:
+        seen = []
+        for second in range(0, 180, 5):
+            at = start + second
+            signal = Signal(
+                at=at, source="t", running=0.0, waiting=2.0 * second, arrival_rate=2.0,
+                ready_pods=0,
+            )  # fmt: skip
+            decision, state = decide(spec, signal, state, at, STALE)
+            assert decision is not None
+            seen.append(decision)
+        return seen
+
+    state = PolicyState()
+    for second in range(0, 600, 5):
+        at = T0 + second
+        signal = Signal(
+            at=at, source="t", running=20.0, waiting=0.0, arrival_rate=2.0, ready_pods=3,
+            service_time_s=10.0,
+        )  # fmt: skip
+        _, state = decide(spec, signal, state, at, STALE)
+    idle_from = T0 + 600
+    for second in range(0, 1800, 5):
+        at = idle_from + second
+        signal = Signal(at=at, source="t", running=0.0, waiting=0.0, arrival_rate=0.0, ready_pods=0)
+        decision, state = decide(spec, signal, state, at, STALE)
+    assert decision is not None and decision.replicas == 0  # scaled to zero
+    assert not state.service_fit  # the fit's window holds nothing of the served minutes
+    remembered = burst(state, idle_from + 1800)
+    blind = burst(PolicyState(), idle_from + 1800)
+    asked = [d.replicas for d in remembered]
+    assert max(asked) <= 10, asked
+    assert asked[-1] == max(asked), asked  # asked once, kept while they start
+    assert all("from queue" in d.detail for d in remembered[1:])
+    assert max(d.replicas for d in blind) >= 40  # the whole queue as slots: the climb avoided
+
+
 def test_the_headroom_does_not_compound_on_the_replicas_already_on_their_way() -> None:
     # A queue waits on 24 ready replicas while more are on their way, with a learned headroom
     # of x1.5. The replicas on their way are a floor the queue term keeps, not demand: with the
