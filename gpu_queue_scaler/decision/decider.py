@@ -65,6 +65,7 @@ class Decider:
         self.banks = banks if banks is not None else ForecastBanks()
         self.forecast: BankedForecast | NeedForecast | None = None
         self.season: Season | None = None  # the demand's history and period, with a forecast
+        self._recalled: Season | None = None  # the season a recall was last started for
         self._replaying = False
 
     def configure(self, spec: WorkloadSpec, stale_s: float) -> None:
@@ -176,6 +177,17 @@ class Decider:
                 spec.forecast_step_s, spec.season_auto, keep=spec.forecast_wakes_only
             )
         return season
+
+    def recall_due(self) -> bool:
+        """The season lacks older history and none was recalled into it yet: after a restart,
+        and after a config change of the forecast settings, which starts a new season
+        (`_season`); without a recall that one would wait a period before `wake` reads."""
+        season = self.season
+        return season is not None and season is not self._recalled and self.missing() is not None
+
+    def recall_started(self) -> None:
+        """A recall is on its way for the current season (once per season, failed or not)."""
+        self._recalled = self.season
 
     def missing(self) -> tuple[float, float] | None:
         """The span of older history the season could hold and does not (`Season.missing`),

@@ -187,9 +187,10 @@ class Engine:
                     return
                 await self._turns.take()
                 await evaluate(workload, tick, self._store, self._source_for, self._monotonic)
-                first = workload.last_tick is None
                 workload.last_tick = tick
-                if first:  # the season's older hours, once its first answer is out, aside
+                # The season's older hours, aside: once the first answer is out, and again when a
+                # config change of the forecast settings starts a new season.
+                if workload.recall_due():
                     workload.recalling = asyncio.create_task(self._warm_starts.recall(workload))
         except Exception:  # a bug must not leave KEDA with a silently frozen target
             log.exception("workload loop crashed", extra={"workload": key[0] + "/" + key[1]})

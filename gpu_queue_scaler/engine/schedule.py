@@ -96,10 +96,18 @@ class Segment(NamedTuple):
     step: float
 
 
-def _segment(end: float, span: float, interval: float) -> Segment:
-    """A tick-aligned grid that covers `span` before `end` in at most HISTORY_MAX_POINTS points."""
-    step = interval * max(1, math.ceil(span / interval / HISTORY_MAX_POINTS))
-    return Segment(end - math.ceil(span / step) * step, end, step)
+def _segment(
+    end: float, span: float, interval: float, min_step: float = 0.0, cover: bool = True
+) -> Segment:
+    """A tick-aligned grid ending at `end`, on steps of at least `min_step`, in at most
+    HISTORY_MAX_POINTS points: it covers `span` (cover), or lies within it."""
+    step = interval * max(
+        1,
+        math.ceil(min_step / interval - 1e-9),
+        math.ceil(span / interval / HISTORY_MAX_POINTS),
+    )
+    points = math.ceil(span / step) if cover else math.floor(span / step + 1e-9)
+    return Segment(end - points * step, end, step)
 
 
 def history_segments(spec: WorkloadSpec, end: float, interval: float) -> tuple[Segment, Segment]:
@@ -123,9 +131,5 @@ def recall_segment(missing: tuple[float, float] | None, interval: float) -> Segm
     if missing is None:
         return None
     start, end = missing
-    step = interval * max(
-        math.ceil(SEASON_RECALL_STEP_S / interval - 1e-9),
-        math.ceil((end - start) / interval / HISTORY_MAX_POINTS),
-    )
-    points = math.floor((end - start) / step + 1e-9)
-    return Segment(end - points * step, end, step) if points else None
+    segment = _segment(end, end - start, interval, SEASON_RECALL_STEP_S, cover=False)
+    return segment if segment.start < end else None

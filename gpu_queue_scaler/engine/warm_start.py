@@ -132,9 +132,10 @@ class WarmStarts:
             await self._replay(workload, spec, source, history, end, interval, segments[-1].step)
 
     async def recall(self, workload: Workload) -> None:
-        """After the warm start and the first decision: read the hours of history the season
-        lacks (`Decider.missing`, on a minute's grid) and recall them into it
-        (`Decider.recall`), so that `forecast: wake` reads a period at once after a restart.
+        """After the warm start and the first decision (and after a config change that starts a
+        new season): read the hours of history the season lacks (`Decider.missing`, on a
+        minute's grid) and recall them into it (`Decider.recall`), so that `forecast: wake`
+        reads a period at once after a restart.
         Not in the warm start, and a task of its own beside the workload's loop: neither its
         first answer nor its ticks wait for any of this. RECALLS_AT_ONCE reads at a time, in
         the order asked; a read that fails costs the season its older history only (logged)."""
@@ -142,6 +143,7 @@ class WarmStarts:
             decider = workload.decider
             if decider is None:
                 return
+            decider.recall_started()
             interval = self._store.current.server.evaluation_interval_s
             segment = recall_segment(decider.missing(), interval)
             if segment is None:

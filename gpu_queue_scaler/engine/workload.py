@@ -78,6 +78,12 @@ class Workload:
             self.decider.configure(spec, stale_s)
         return self.decider
 
+    def recall_due(self) -> bool:
+        """The season wants its older hours (`Decider.recall_due`) and no read is on its way."""
+        if self.recalling is not None and not self.recalling.done():
+            return False
+        return self.decider is not None and self.decider.recall_due()
+
     def hold(self, at: float, stale_s: float, faults: tuple[str, ...]) -> Decision | None:
         """No signal this tick: the last good decision held (None before any, or once stale)."""
         if self.decider is None:

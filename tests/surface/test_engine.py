@@ -421,6 +421,43 @@ async def test_a_restarted_scaler_wakes_for_the_next_burst_from_the_season_it_re
     assert woken.reason is Reason.FORECAST and woken.replicas >= 1, woken.detail
 
 
+async def test_a_config_change_that_starts_a_new_season_recalls_it_too() -> None:
+    """A ConfigMap change of the forecast's bins starts the season afresh (its bins are another
+    width). The loop recalls the new season's hours as it did after the restart, so the burst
+    that comes is still woken for, not a period later."""
+    source = BurstHistorySource()
+    settings = ServerSettings(first_decision_timeout_s=30.0)
+    store = ConfigStore(Config(server=settings))
+    clock = ManualClock(start=1_800_000_000.0 + 5 * BURST_PERIOD_S - 200.0)
+    engine = clock.engine(store, sources=lambda _: source)
+    trigger = parse_trigger("team-a", "batch", synthetic(scaleToZeroIdleSeconds="120"))
+
+    def recalls() -> int:
+        return sum(step >= SEASON_RECALL_STEP_S for _, _, step in source.reads)
+
+    async def next_tick() -> Decision:
+        at = next(engine.decisions()).at
+        clock.advance(5.0)
+        assert await poll(lambda: next(engine.decisions()).at > at, 30)
+        return next(engine.decisions())
+
+    try:
+        await asyncio.wait_for(engine.decision(trigger), 30)
+        assert await poll(lambda: recalls() == 1, 30)
+        assert (await next_tick()).reason is Reason.FORECAST  # the recalled season wakes it
+        store.current = Config(defaults={"forecastStepSeconds": 20}, server=settings)
+        store.generation += 1
+        fresh = await next_tick()  # the new season holds this tick alone
+        assert "no period found in the demand yet" in fresh.detail, fresh.detail
+        assert await poll(lambda: recalls() == 2, 30)
+        woken = await next_tick()
+        assert woken.reason is Reason.FORECAST and woken.replicas >= 1, woken.detail
+        await next_tick()
+        assert recalls() == 2  # once for the new season, not every tick
+    finally:
+        await engine.close()
+
+
 async def test_a_failed_season_read_costs_the_season_only(caplog: pytest.LogCaptureFixture) -> None:
     """The hours the season lacks are read after the first answer; that read failing is one
     warning, and the workload goes on deciding from its replayed minutes."""
