@@ -5,7 +5,8 @@ LLM inference 2023, conversation service, one hour, CC BY 4.0, its license next 
 superimposed copies against the simulated vLLM fleet (`gpu_queue_scaler_bench.sim`), under the seven
 policies of `scaler bench replay` (always-on, an HPA on GPU utilization, KEDA's Prometheus scaler on
 queue depth (the documented pitfall) and on requests in flight (a fixed threshold and the best in
-hindsight), this scaler through the same `Decider` that serves KEDA, and an oracle), prints the SLO
+hindsight), this scaler through the same `Decider` that serves KEDA; and two bounds: the best
+reactive rule in hindsight, given the exact need now, and an oracle with foresight), prints the SLO
 / GPU-hours / cost table and writes the plots.
 Deterministic (seed 0); about half a minute on two cores. `scaler bench replay` takes any trace.
 """
@@ -63,7 +64,7 @@ def run_demo(
     )
     print(
         f"Replaying {trace.name}{about} x{scale:g} on a simulated Llama-3-8B / A100 fleet, "
-        f"cold start {cold_start_s:g} s, under seven autoscaling policies.\n",
+        f"cold start {cold_start_s:g} s, under seven autoscaling policies and two bounds.\n",
         flush=True,
     )
     code = replay(

@@ -6,8 +6,9 @@ zero under running requests) and on requests in flight (the strongest plain reac
 threshold a user would pick and at the best of a sweep in hindsight); the scaler is this project,
 called through the very decision code that serves KEDA; the oracle bounds what any policy could
 do, and must meet the SLO with nothing dropped (`gpu_queue_scaler_bench.sim.run` checks it).
-`ReactiveBound` is not a row of the bench: it bounds what a reactive policy could do
-(`bench/reactive_bound.py`).
+`ReactiveBound` is a bound, not a policy anyone can run: given the oracle's exact need now, it
+bounds what a reactive policy could do (its best headroom in hindsight is the bench's
+`reactive-bound(hindsight)` row; `bench/reactive_bound.py` sweeps it).
 
 Every policy sees the fleet only as a cluster would expose it: the scaler its `Signal` (built as
 `gpu_queue_scaler.catalog` defines the fields), the baselines their Prometheus metrics at the last
@@ -54,6 +55,12 @@ KEDA_INFLIGHT = "keda-inflight-70%"  # the threshold a user would pick: 70% of a
 KEDA_INFLIGHT_BEST = "keda-inflight-best(hindsight)"  # the best of a sweep, chosen afterwards
 KEDA_INFLIGHT_SHARE = 0.7
 KEDA_INFLIGHT_SWEEP = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # shares of a replica's slots
+# A bound, not a policy anyone can run: the oracle's exact need now (no lag, no noise), x a
+# headroom, held for the scaler's own scale-down window; the best headroom of the sweep chosen
+# afterwards (`ReactiveBound`). What reading the present better could buy a reactive rule; where
+# it misses a goal, only foresight reaches it.
+REACTIVE_BEST = "reactive-bound(hindsight)"
+REACTIVE_SWEEP = (1.0, 1.1, 1.2, 1.3, 1.5)  # headrooms over the exact need
 NAMES = (
     "always-on",
     "hpa-gpu-util",
@@ -61,6 +68,7 @@ NAMES = (
     KEDA_INFLIGHT,
     KEDA_INFLIGHT_BEST,
     "scaler",
+    REACTIVE_BEST,
     "oracle",
 )
 

@@ -31,6 +31,8 @@ from gpu_queue_scaler_bench.sim.policies import (
     KEDA_INFLIGHT_BEST,
     KEDA_INFLIGHT_SHARE,
     KEDA_INFLIGHT_SWEEP,
+    REACTIVE_BEST,
+    REACTIVE_SWEEP,
 )
 from gpu_queue_scaler_bench.sim.prewarm import COMPANION, FORECAST, PREWARM
 from gpu_queue_scaler_bench.sim.run import BenchResult, PolicyRun
@@ -211,6 +213,13 @@ def table(result: BenchResult) -> str:
             f"HPA defaults; {KEDA_INFLIGHT} at {KEDA_INFLIGHT_SHARE:.0%} of a replica's slots "
             f"per replica, {KEDA_INFLIGHT_BEST} the best of {100 * min(KEDA_INFLIGHT_SWEEP):.0f}-"
             f"{max(KEDA_INFLIGHT_SWEEP):.0%} picked after the runs (see its check line)"
+        )
+    if REACTIVE_BEST in names:
+        lines.append(
+            f"{REACTIVE_BEST}: a bound, not a policy one can run: the oracle's exact need now (no "
+            "lag, no noise) x a headroom, held for the scaler's scale-down window, the best of "
+            f"x{min(REACTIVE_SWEEP):g}-x{max(REACTIVE_SWEEP):g} picked after the runs (see its "
+            "check line); what a reactive rule could reach by reading the present perfectly"
         )
     if any(m.name == PREWARM for m in measures):
         lines.append(
