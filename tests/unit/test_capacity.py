@@ -216,3 +216,32 @@ def test_the_offered_load_counts_the_token_work_when_it_exceeds_littles_law() ->
     assert capacity.offered(signal, plain) == pytest.approx(1.0)
     # A NaN rate leaves the other term standing.
     assert capacity.offered(signal._replace(arrival_rate=math.nan), spec) == pytest.approx(5.0)
+
+
+def test_while_nothing_waits_the_token_counters_are_the_flow_and_a_queue_brings_arrivals_back():
+    # S at the operating point is a fit's extrapolation (10 s at the target batch), so arrivals
+    # x S reads 10 req/s x 10 s / 8 = 12.5 replicas; the servers generate 20,000 tokens/s against
+    # 2,000 per replica: 10 replicas of work being done, and with nothing waiting, all of it is
+    # the demand. The need follows the counters, and Little's law is not a term.
+    spec = CapacitySpec(target_concurrency=8, decode_tokens_per_s=2_000)
+    fleet = Fleet(horizon_s=195, ready=14)  # completes 14 x 8 / 10 s = 11.2 req/s: no backlog
+    calm = signal(running=80, waiting=0, arrival_rate=10.0, generation_tokens_rate=20_000.0)
+    found = need(calm, spec, fleet, operating_s=10.0)
+    assert found is not None
+    assert found.replicas == pytest.approx(10.0)
+    assert found.terms["queue"] == pytest.approx(10.0)
+    assert found.steady == pytest.approx(10.0)
+    assert "littles_law" not in found.terms
+    # A queue waits: the counters show what a short fleet serves, not what arrives, so the
+    # arrivals' flow stands again (12.5) and the queue adds its drain on top.
+    queued = need(calm._replace(waiting=40.0), spec, fleet, operating_s=10.0)
+    assert queued is not None
+    assert queued.terms["littles_law"] == pytest.approx(12.5)
+    assert queued.steady >= 12.5
+    assert queued.replicas > 12.5
+    # Without a configured capacity the counters size nothing: Little's law as before.
+    plain = need(calm, CapacitySpec(target_concurrency=8), fleet, operating_s=10.0)
+    assert plain is not None and plain.replicas == pytest.approx(12.5)
+    # A non-finite counter rate is no flow: arrivals x S stands.
+    broken = need(calm._replace(generation_tokens_rate=math.inf), spec, fleet, operating_s=10.0)
+    assert broken is not None and broken.terms["littles_law"] == pytest.approx(12.5)
