@@ -342,8 +342,15 @@ def test_scaler_with_the_companion_pays_less_on_a_ramp_down_at_the_same_slo() ->
     assert p.slo_attainment == a.slo_attainment == 1.0 and p.dropped == a.dropped == 0
     assert p.gpu_hours < a.gpu_hours
     gpus = P4D_24XLARGE.gpus
-    assert int(paired.nodes[-1]) == math.ceil(int(paired.replicas[-1]) / gpus)  # packed
     assert int(alone.nodes[-1]) > math.ceil(int(alone.replicas[-1]) / gpus)  # spread
+    assert int(paired.nodes[-1]) < int(alone.nodes[-1])
+
+    def spare_node_steps(run: PolicyRun) -> float:
+        # Node-steps beyond the fewest nodes the replicas fill. Not the last step alone: while
+        # the target still falls, a node emptied by packing waits consolidateAfter to go.
+        return float(np.sum(run.nodes - np.ceil(run.replicas / gpus)))
+
+    assert spare_node_steps(paired) < spare_node_steps(alone) / 3  # packed
     repacking = dataclasses.replace(cfg, consolidation=WHEN_UNDERUTILIZED)
     alone_repacked = simulate(
         ScalerPolicy(result.scaler_metadata), requests, repacking, result.initial_replicas
