@@ -22,6 +22,7 @@ POLICIES = (
     "scaler",
     "scaler+companion",
     "scaler+prewarm",
+    "reactive-bound(hindsight)",
     "oracle",
 )
 
@@ -172,7 +173,10 @@ def main(index: str, nproc: str) -> None:
         "**keda-prometheus** is the documented pitfall (waiting requests only, min 0); "
         "**keda-inflight-70%** is KEDA's Prometheus scaler on running + waiting (AverageValue, "
         "min 1, HPA defaults) at 70% of a replica's slots, **keda-inflight-best(hindsight)** the "
-        "best threshold of 50-100% chosen after the runs (named under each table). "
+        "best threshold of 50-100% chosen after the runs (named under each table); "
+        "**reactive-bound(hindsight)** is a bound, not a policy one can run: the oracle's exact "
+        "need now (no lag, no noise) x the best headroom of x1.0-x1.5 in hindsight, held for the "
+        "scaler's scale-down window, so where it misses a goal only foresight meets it. "
         "**SLO wait**: share of all requests (dropped ones count as misses) admitted within 2 s; "
         "**GPU-h**: live nodes x GPUs per node over the trace's span, cold starts and idle GPUs "
         "included; **peak**: most replicas. Each --scale superimposes that many copies of the "

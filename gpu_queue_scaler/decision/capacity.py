@@ -26,8 +26,9 @@ With a `Fleet` (what the policy knows: a cold-start horizon, the ready replicas,
 asked for and not yet ready), the queue is counted where it will be when a
 replica asked now can serve, instead of as concurrency now:
 
-- queue: (flow + B_today x S / D + B_later x S / H) / targetConcurrency, where the flow is
-  arrival_rate x S, or the tokens term in slots while nothing waits (`token_flow`), and B is
+- queue: (arrival_rate x S + B_today x S / D + B_later x S / H) / targetConcurrency, where
+  while nothing waits the arrivals are those the tokens term stands for at this S
+  (`token_flow`: tokens x targetConcurrency / S, in the flow and in the backlog model), and B is
   the backlog a replica asked now would meet when it serves, a horizon H from now (today's
   `waiting`, grown or drained at arrivals minus the ready replicas' throughput until the replicas
   already asked for serve, then of all of them; `backlog_ahead`): with nothing on its way, the
@@ -250,7 +251,7 @@ def queue_term(
     cannot be computed (no ready-pod count, no horizon, no `s`, no arrivals or queue known).
     `need` passes the S that holds under load (`loaded_service_time`), or Little's law's S while
     less than a request waits, and `tokens`, the flow from the token counters while nothing
-    waits (`token_flow`), which then stands for arrivals x S.
+    waits (`token_flow`): the arrivals are then those it stands for at `s`.
 
     The backlog a replica asked now would meet (`backlog_ahead`) is split: with nothing on its
     way, the part waiting today that the fleet will not clear drains within D (the queue-time
@@ -264,7 +265,12 @@ def queue_term(
     arrivals, waiting = signal.arrival_rate, signal.waiting
     if fleet.ready is None or fleet.horizon_s <= 0 or not s or arrivals is None or waiting is None:
         return None
-    ahead = backlog_ahead(signal, spec.target_concurrency, s, fleet)
+    if tokens is not None:
+        # The arrivals the counters' work stands for at this S: with the flow from the counters,
+        # the backlog model compares the same work against the ready replicas' throughput, so
+        # a fleet keeping up (nothing waits) is not modelled as falling behind by an S read high.
+        arrivals = tokens * spec.target_concurrency / s
+    ahead = backlog_ahead(signal, spec.target_concurrency, s, fleet, arrivals)
     evident = arrivals_seen(arrivals, waiting, ahead.ready_rate, fleet.queue_trend)
     if evident > arrivals:
         ahead = backlog_ahead(signal, spec.target_concurrency, s, fleet, evident)
@@ -277,7 +283,7 @@ def queue_term(
         today = waiting
         backlog = max(backlog, today)
     drain_s = spec.queue_time_slo_s if spec.queue_time_slo_s is not None else s
-    flow = tokens * spec.target_concurrency if tokens is not None else arrivals * s
+    flow = arrivals * s
     draining = signal.running or 0.0 if waiting >= 1.0 else 0.0
     slots = max(flow, draining) + today * s / drain_s + (backlog - today) * s / fleet.horizon_s
     queue = slots / spec.target_concurrency

@@ -224,7 +224,10 @@ def test_while_nothing_waits_the_token_counters_are_the_flow_and_a_queue_brings_
     # 2,000 per replica: 10 replicas of work being done, and with nothing waiting, all of it is
     # the demand. The need follows the counters, and Little's law is not a term.
     spec = CapacitySpec(target_concurrency=8, decode_tokens_per_s=2_000)
-    fleet = Fleet(horizon_s=195, ready=14)  # completes 14 x 8 / 10 s = 11.2 req/s: no backlog
+    # 12 ready replicas would complete only 12 x 8 / 10 s = 9.6 req/s at that S, less than the
+    # 10 arriving: the S read high would also model a backlog growing over the horizon. The
+    # counters say the 12 do 10 replicas of work with nothing waiting, and no backlog is added.
+    fleet = Fleet(horizon_s=195, ready=12)
     calm = signal(running=80, waiting=0, arrival_rate=10.0, generation_tokens_rate=20_000.0)
     found = need(calm, spec, fleet, operating_s=10.0)
     assert found is not None
@@ -239,9 +242,12 @@ def test_while_nothing_waits_the_token_counters_are_the_flow_and_a_queue_brings_
     assert queued.terms["littles_law"] == pytest.approx(12.5)
     assert queued.steady >= 12.5
     assert queued.replicas > 12.5
-    # Without a configured capacity the counters size nothing: Little's law as before.
+    # Without a configured capacity the counters size nothing: Little's law as before, and at
+    # that S the 12 ready fall behind (the backlog over the horizon: 0.4 req/s x 195 s x 10 s /
+    # 195 s / 8 = 0.5 replica).
     plain = need(calm, CapacitySpec(target_concurrency=8), fleet, operating_s=10.0)
-    assert plain is not None and plain.replicas == pytest.approx(12.5)
+    assert plain is not None and plain.terms["littles_law"] == pytest.approx(12.5)
+    assert plain.replicas == pytest.approx(13.0)
     # A non-finite counter rate is no flow: arrivals x S stands.
     broken = need(calm._replace(generation_tokens_rate=math.inf), spec, fleet, operating_s=10.0)
     assert broken is not None and broken.terms["littles_law"] == pytest.approx(12.5)
