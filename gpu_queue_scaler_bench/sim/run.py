@@ -367,6 +367,24 @@ def pick_best(runs: Mapping[float, PolicyRun], slo_s: float, target: float) -> f
 SWEEP_TARGET = 0.99  # the attainment the hindsight KEDA pick must reach (the goals' target)
 
 
+def hindsight_pick(
+    sweep: Mapping[float, PolicyRun], name: str, slo_s: float, label: Callable[[float], str]
+) -> tuple[float, PolicyRun, str]:
+    """A sweep's pick after the runs (`pick_best` at SWEEP_TARGET), as the row `name`, and the
+    words that say how it was chosen, with each setting's attainment / GPU-h (`label` names a
+    setting), for the row's note."""
+    best = pick_best(sweep, slo_s, SWEEP_TARGET)
+    tried = ", ".join(
+        f"{label(k)} {attainment(r, slo_s):.3f}/{r.gpu_seconds / 3600:.1f}"
+        for k, r in sweep.items()
+    )
+    why = (
+        f"chosen after the runs: the fewest GPU-h at >= {SWEEP_TARGET} of requests within the "
+        f"SLO, else the highest attainment (sweep, attainment/GPU-h: {tried})"
+    )
+    return best, dataclasses.replace(sweep[best], name=name), why
+
+
 TOKEN_LOAD = 0.85  # the share of a replica's GPU time the scaler's token term aims at
 # The share of a replica's slots the bench configures as the scaler's `targetConcurrency`: the
 # operating point a user picks from a load test, below the server's batch limit.
@@ -450,17 +468,12 @@ def run_bench(
                 continue
             policy = KedaInflight(max_replicas, keda_inflight_threshold(slots, share))
             sweep[share] = simulate(policy, requests, cfg, initial, progress)
-        share = pick_best(sweep, cfg.slo_s, SWEEP_TARGET)
-        runs[KEDA_INFLIGHT_BEST] = dataclasses.replace(sweep[share], name=KEDA_INFLIGHT_BEST)
-        tried = ", ".join(
-            f"{s:.0%} {attainment(r, cfg.slo_s):.3f}/{r.gpu_seconds / 3600:.1f}"
-            for s, r in sweep.items()
+        share, runs[KEDA_INFLIGHT_BEST], why = hindsight_pick(
+            sweep, KEDA_INFLIGHT_BEST, cfg.slo_s, lambda s: f"{s:.0%}"
         )
         notes.append(
             f"{KEDA_INFLIGHT_BEST}: threshold {share:.0%} of the replica's {slots} slots "
-            f"({keda_inflight_threshold(slots, share):g} requests in flight per replica), chosen "
-            f"after the runs: the fewest GPU-h at >= {SWEEP_TARGET} of requests within the "
-            f"SLO, else the highest share (sweep, attainment/GPU-h: {tried})"
+            f"({keda_inflight_threshold(slots, share):g} requests in flight per replica), {why}"
         )
     if REACTIVE_BEST in cfg.policies:
         window_s = ScalerPolicy(metadata).spec.scale_down_stabilization_s
@@ -469,17 +482,11 @@ def run_bench(
             # The need on the trace's own clock: the pre-roll replays its first minutes.
             held = ReactiveBound(need[pre_steps:], dt, pre_steps * dt, headroom, window_s)
             bound[headroom] = simulate(held, requests, cfg, initial, progress)
-        headroom = pick_best(bound, cfg.slo_s, SWEEP_TARGET)
-        runs[REACTIVE_BEST] = dataclasses.replace(bound[headroom], name=REACTIVE_BEST)
-        tried = ", ".join(
-            f"x{h:g} {attainment(r, cfg.slo_s):.3f}/{r.gpu_seconds / 3600:.1f}"
-            for h, r in bound.items()
+        headroom, runs[REACTIVE_BEST], why = hindsight_pick(
+            bound, REACTIVE_BEST, cfg.slo_s, lambda h: f"x{h:g}"
         )
-        notes.append(
-            f"{REACTIVE_BEST}: the oracle's exact need now x{headroom:g}, held "
-            f"{window_s:g} s, chosen after the runs: the fewest GPU-h at >= {SWEEP_TARGET} of "
-            f"requests within the SLO, else the highest share (sweep, attainment/GPU-h: {tried})"
-        )
+        bound_is = f"the oracle's exact need now x{headroom:g}, held {window_s:g} s"
+        notes.append(f"{REACTIVE_BEST}: {bound_is}, {why}")
     for name, make in companion_rows(cfg, metadata).items():
         runs[name] = simulate(make(), requests, cfg, initial, progress)
     ordered = [runs[name] for name in ROWS if name in runs]

@@ -1,0 +1,115 @@
+"""The default decision on every replay case, fast: always-on, the scaler and the oracle only.
+
+Usage: python bench/decision_cases.py [--seed 0] [--cold-start 180] [--cases conv,code,...]
+       [--metadata KEY=VALUE ...] [--jobs 2]
+
+`bench/run_replay_all.sh` runs every policy (the KEDA and reactive-bound sweeps, the companion
+rows) on every case at two cold starts, in about half an hour; a change to the decision is judged
+first on the scaler row alone, against the same oracle and always-on fleet, on the same cases.
+The cases are read from that script (its CASES lines), so the two never disagree. It prints,
+per case, the scaler's SLO attainment and GPU-hours, and their ratio to the oracle's GPU-hours
+(the baseline, run in the same process on the same requests), then the mean attainment and
+ratio over the traces that never idle (idle-bursts is a scale-from-zero case, judged apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from gpu_queue_scaler_bench.sim.command import first_windows
+from gpu_queue_scaler_bench.sim.profiles import DEFAULT_PROFILE, get_profile
+from gpu_queue_scaler_bench.sim.report import measure
+from gpu_queue_scaler_bench.sim.run import SimConfig, run_bench
+from gpu_queue_scaler_bench.sim.workload import build_requests
+from gpu_queue_scaler_bench.traces import load_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "run_replay_all.sh"
+IDLE = "idle-bursts"  # never in the mean: it idles between bursts
+
+
+def cases() -> dict[str, tuple[str, argparse.Namespace]]:
+    """name -> (trace path, replay arguments), from run_replay_all.sh's CASES lines."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--compress", type=float, default=1.0)
+    parser.add_argument("--duration", type=float, default=None)
+    parser.add_argument("--profile", default=DEFAULT_PROFILE)
+    found = {}
+    for path, args in re.findall(r'^\s*"([^"|]+)\|([^"]*)"', SCRIPT.read_text(), re.MULTILINE):
+        found[Path(path).stem] = (path, parser.parse_args(shlex.split(args)))
+    if not found:
+        raise SystemExit(f"no CASES lines found in {SCRIPT}")
+    return found
+
+
+def run_case(
+    name: str, path: str, opts: argparse.Namespace, cold: float, seed: int, meta: dict[str, str]
+) -> tuple[str, dict[str, tuple[float, float]], float]:
+    trace = first_windows(load_trace(str(ROOT / path)), opts.duration, opts.compress)
+    requests = build_requests(
+        trace, scale=opts.scale, seed=seed, duration_s=opts.duration, compress=opts.compress
+    )
+    cfg = SimConfig(
+        get_profile(opts.profile),
+        cold_start_s=cold,
+        seed=seed,
+        scaler_metadata=meta,
+        policies=("always-on", "scaler", "oracle"),
+    )
+    started = time.monotonic()
+    result = run_bench(requests, cfg, opts.scale)
+    out = {}
+    for run in result.runs:
+        m = measure(run, cfg.slo_s)
+        out[run.name] = (m.slo_attainment, m.gpu_hours)
+    return name, out, time.monotonic() - started
+
+
+def main() -> None:
+    known = cases()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cold-start", type=float, default=180.0)
+    parser.add_argument("--cases", default=",".join(known), help=f"of: {', '.join(known)}")
+    parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--jobs", type=int, default=2, help="cases run side by side")
+    args = parser.parse_args()
+    names = [n for n in args.cases.split(",") if n]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; known: {', '.join(known)}")
+    meta = dict(kv.split("=", 1) for kv in args.metadata)
+    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        futures = [
+            pool.submit(run_case, n, *known[n], args.cold_start, args.seed, meta) for n in names
+        ]
+        results = [f.result() for f in futures]
+    print(f"seed {args.seed}, cold start {args.cold_start:g} s, metadata {meta or 'none'}")
+    print("| case | scaler | / oracle GPU-h | oracle | always-on | wall s |")
+    print("|---|--:|--:|--:|--:|--:|")
+    attained, ratios = [], []
+    for name, out, wall in results:
+        (sa, sg), (oa, og), (fa, fg) = out["scaler"], out["oracle"], out["always-on"]
+        print(
+            f"| {name} | {sa:.4f} / {sg:.2f} | {sg / og:.3f}x | {oa:.4f} / {og:.2f} "
+            f"| {fa:.4f} / {fg:.2f} | {wall:.0f} |"
+        )
+        if name != IDLE:
+            attained.append(sa)
+            ratios.append(sg / og)
+    if attained:
+        n = len(attained)
+        print(
+            f"mean of {n} (all but {IDLE}): attainment {sum(attained) / n:.4f}, "
+            f"GPU-h / oracle {sum(ratios) / n:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
