@@ -6,7 +6,8 @@ Usage: python bench/reactive_bound.py [--trace FILE] [--scale F] [--compress C] 
 The simulator's goal (>= 99% of requests within the SLO at <= 1.2x the oracle's GPU-hours) asks
 how much of the oracle's lead is foresight. This bench answers it with
 `gpu_queue_scaler_bench.sim.policies.ReactiveBound`, a policy given everything but the future: the
-need the oracle computes for each second, at once and exactly, asked for with `--headroom` and held
+need the oracle computes for each second (its refined need, as the bench's
+`reactive-bound(hindsight)` row reads it), at once and exactly, asked for with `--headroom` and held
 for `--window` seconds, nodes packed as the oracle packs them. It runs on the same requests, seed
 and warm fleet as the oracle and this scaler (alone and with the Karpenter companion's packing),
 in the same process, and prints each one's SLO attainment and GPU-hours as a ratio to the
@@ -17,11 +18,10 @@ reads the present; the bound's own distance from the oracle is what knowing the 
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import replace
 
 from gpu_queue_scaler_bench.sim.command import first_windows
-from gpu_queue_scaler_bench.sim.policies import ReactiveBound, oracle_need, replica_slots
+from gpu_queue_scaler_bench.sim.policies import ReactiveBound
 from gpu_queue_scaler_bench.sim.profiles import DEFAULT_PROFILE, get_profile
 from gpu_queue_scaler_bench.sim.report import measure
 from gpu_queue_scaler_bench.sim.run import COMPANION, PolicyRun, SimConfig, run_bench, simulate
@@ -62,12 +62,12 @@ def main() -> None:
     bench = run_bench(requests, cfg, scale=args.scale)
     runs = {run.name: run for run in bench.runs}
     oracle = runs["oracle"]
-    svc = cfg.profile.service
-    steps = math.ceil(requests.duration_s / cfg.dt)
-    need = oracle_need(requests, svc, cfg.dt, steps, replica_slots(requests, svc))
+    need = bench.oracle_need
+    assert need is not None  # run_bench with the oracle sets it
+    on_trace = need[: round(requests.duration_s / cfg.dt)]
     print(
         f"{requests.name} x{args.scale:g}, {args.cold_start:g} s cold start, "
-        f"{requests.count:,} requests; the oracle's need, per second: mean {need.mean():.1f} "
+        f"{requests.count:,} requests; the oracle's need, per second: mean {on_trace.mean():.1f} "
         f"replicas\n"
     )
     print("| policy | SLO (queue wait) | GPU-hours | / oracle | ready replicas (mean) |")
@@ -76,7 +76,7 @@ def main() -> None:
     for name in ("scaler", COMPANION):
         print(row(runs[name], oracle.gpu_seconds, cfg.slo_s))
     alone = replace(cfg, policies=("scaler",), companion=False)
-    pre_s = min(cfg.warm_window_s, requests.duration_s)
+    pre_s = bench.preroll_s
     for window in (float(w) for w in args.window.split(",")):
         for headroom in (float(h) for h in args.headroom.split(",")):
             policy = ReactiveBound(need, cfg.dt, pre_s, headroom, window)

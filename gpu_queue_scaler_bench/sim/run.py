@@ -177,6 +177,10 @@ class BenchResult:
     max_replicas: int = 0
     scaler_metadata: dict[str, str] = field(default_factory=dict)  # the scaler's trigger
     full_stack: dict[str, object] | None = None  # what the full-stack replay measured
+    # The oracle's need per step on the trace's clock (its refined one: `bump_need`), and the
+    # seconds of pre-roll replayed before t = 0 (the warm start): what `ReactiveBound` reads.
+    oracle_need: IntArray | None = None
+    preroll_s: float = 0.0
 
 
 class Simulation:
@@ -504,6 +508,8 @@ def run_bench(
         notes=notes,
         max_replicas=max_replicas,
         scaler_metadata=metadata,
+        oracle_need=need[pre_steps:],
+        preroll_s=pre_steps * dt,
     )
 
 
