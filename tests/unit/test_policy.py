@@ -1070,6 +1070,48 @@ def test_the_same_offered_load_read_from_fleets_of_any_size_gives_the_same_need(
     assert needs[0] == pytest.approx(expected, rel=NEED_TOLERANCE)
 
 
+@settings(PROPERTIES, max_examples=30)
+@given(
+    alpha=st.floats(2.0, 20.0),
+    growth=st.floats(0.2, 3.0),
+    arrival=st.floats(10.0, 60.0),
+    share=st.floats(1.15, 3.0),
+    prompt=st.floats(50.0, 4000.0),  # tokens per request
+    output=st.floats(10.0, 1000.0),
+)
+def test_with_token_capacities_any_fleet_reads_the_same_need_from_its_first_tick(
+    alpha: float, growth: float, arrival: float, share: float, prompt: float, output: float
+) -> None:
+    """With token capacities configured and nothing waiting, the token counters are the flow: a
+    fleet of any size serves the same tokens per second, so its need is the token work exactly,
+    on a fresh state's first tick, before any fit of S against the batch (where arrival x the S
+    this fleet shows would move with the fleet's size)."""
+    target = 40.0
+    beta = growth * alpha / target
+    prefill, decode = 20_000.0, 4_000.0  # per replica at the target load
+    work = arrival * prompt / prefill + arrival * output / decode
+    spec = make_spec(
+        targetConcurrency=target,
+        prefillTokensPerSecond=prefill,
+        decodeTokensPerSecond=decode,
+        scaleDownStabilizationSeconds=0,
+    )
+    expected_s = alpha + beta * target
+    ready = max(1, math.ceil(share * arrival * expected_s / target + arrival * beta))
+    signal = batched(T0, arrival, alpha, beta, ready)._replace(
+        prompt_tokens_rate=arrival * prompt, generation_tokens_rate=arrival * output
+    )
+    decision, _ = decide(spec, signal, PolicyState(), T0, STALE)
+    assert decision is not None and decision.need is not None
+    assert "littles_law" not in decision.detail
+    # The queue term's backlog model compares the same work against the ready replicas, who
+    # keep up with it here: no backlog is added whatever S this fleet shows.
+    if work <= ready:
+        assert decision.need == pytest.approx(work, rel=1e-9)
+    else:
+        assert decision.need >= work - 1e-9
+
+
 # --- headroom in closed loop on measured attainment ---------------------------------------------
 
 
