@@ -151,11 +151,12 @@ def token_flow(signal: Signal, spec: CapacitySpec) -> float | None:
     configured and nothing waiting, what the servers generate and prefill per second is what
     arrives, so `token_work` is the replicas the arrivals need. It is preferred to Little's law
     there because arrival_rate x S needs S at the operating point, extrapolated by the policy's
-    fit from the batch the fleet runs, while the counters need no model: on the replay bench
-    (Azure conversation x20, full capacities) Little's law read 1.13x the exact need with a
-    15% spread, the tokens term 0.98x with 6.5%. While a request waits the counters show what
-    the fleet serves, not what arrives (a short fleet serves less than the demand), so the
-    arrivals' flow stands; None then, and without a configured capacity or a finite rate."""
+    fit from the batch the fleet runs, while the counters need no model (how far apart the two
+    read on the replay bench: bench/results/decision.md). While a request waits the counters
+    show what the fleet serves, not what arrives (a short fleet serves less than the demand), so
+    the arrivals' flow stands; None then, and without a configured capacity or a finite rate.
+    Capacities set too high size the fleet short here until a queue forms; then the queue term
+    and the closed loop's headroom take over (docs/tuning.md)."""
     if signal.waiting is None or signal.waiting >= 1.0:
         return None
     work = token_work(signal, spec)
