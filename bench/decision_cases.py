@@ -15,55 +15,47 @@ ratio over the traces that never idle (idle-bursts is a scale-from-zero case, ju
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shlex
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from gpu_queue_scaler_bench.sim.command import first_windows
-from gpu_queue_scaler_bench.sim.profiles import DEFAULT_PROFILE, get_profile
+from gpu_queue_scaler.cli import parser as cli_parser
+from gpu_queue_scaler.cli.options import parse_metadata
+from gpu_queue_scaler_bench.cli.bench import replay_options
+from gpu_queue_scaler_bench.sim.command import ReplayOptions, load_requests, sim_config
 from gpu_queue_scaler_bench.sim.report import measure
-from gpu_queue_scaler_bench.sim.run import SimConfig, run_bench
-from gpu_queue_scaler_bench.sim.workload import build_requests
-from gpu_queue_scaler_bench.traces import load_trace
+from gpu_queue_scaler_bench.sim.run import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "run_replay_all.sh"
 IDLE = "idle-bursts"  # never in the mean: it idles between bursts
 
 
-def cases() -> dict[str, tuple[str, argparse.Namespace]]:
-    """name -> (trace path, replay arguments), from run_replay_all.sh's CASES lines."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--compress", type=float, default=1.0)
-    parser.add_argument("--duration", type=float, default=None)
-    parser.add_argument("--profile", default=DEFAULT_PROFILE)
+def cases() -> dict[str, ReplayOptions]:
+    """name -> the replay's options for each of run_replay_all.sh's CASES lines, parsed by the
+    `scaler bench replay` parser itself, so a case reads here as the script runs it."""
+    top = cli_parser()
     found = {}
     for path, args in re.findall(r'^\s*"([^"|]+)\|([^"]*)"', SCRIPT.read_text(), re.MULTILINE):
-        found[Path(path).stem] = (path, parser.parse_args(shlex.split(args)))
+        parsed = top.parse_args(
+            ["bench", "replay", "--trace", str(ROOT / path), *shlex.split(args)]
+        )
+        found[Path(path).stem] = replay_options(parsed, {})
     if not found:
         raise SystemExit(f"no CASES lines found in {SCRIPT}")
     return found
 
 
 def run_case(
-    name: str, path: str, opts: argparse.Namespace, cold: float, seed: int, meta: dict[str, str]
+    name: str, options: ReplayOptions
 ) -> tuple[str, dict[str, tuple[float, float]], float]:
-    trace = first_windows(load_trace(str(ROOT / path)), opts.duration, opts.compress)
-    requests = build_requests(
-        trace, scale=opts.scale, seed=seed, duration_s=opts.duration, compress=opts.compress
-    )
-    cfg = SimConfig(
-        get_profile(opts.profile),
-        cold_start_s=cold,
-        seed=seed,
-        scaler_metadata=meta,
-        policies=("always-on", "scaler", "oracle"),
-    )
+    cfg = dataclasses.replace(sim_config(options), policies=("always-on", "scaler", "oracle"))
     started = time.monotonic()
-    result = run_bench(requests, cfg, opts.scale)
+    result = run_bench(load_requests(options), cfg, options.scale)
     out = {}
     for run in result.runs:
         m = measure(run, cfg.slo_s)
@@ -84,11 +76,17 @@ def main() -> None:
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown cases {unknown}; known: {', '.join(known)}")
-    meta = dict(kv.split("=", 1) for kv in args.metadata)
+    meta = parse_metadata(args.metadata)
+    if meta is None:
+        sys.exit(2)
+    chosen = {
+        n: dataclasses.replace(
+            known[n], seed=args.seed, cold_start_s=args.cold_start, metadata=meta
+        )
+        for n in names
+    }
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        futures = [
-            pool.submit(run_case, n, *known[n], args.cold_start, args.seed, meta) for n in names
-        ]
+        futures = [pool.submit(run_case, n, options) for n, options in chosen.items()]
         results = [f.result() for f in futures]
     print(f"seed {args.seed}, cold start {args.cold_start:g} s, metadata {meta or 'none'}")
     print("| case | scaler | / oracle GPU-h | oracle | always-on | wall s |")

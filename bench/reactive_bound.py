@@ -20,13 +20,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from gpu_queue_scaler_bench.sim.command import first_windows
+from gpu_queue_scaler_bench.sim.command import ReplayOptions, load_requests, sim_config
 from gpu_queue_scaler_bench.sim.policies import ReactiveBound
-from gpu_queue_scaler_bench.sim.profiles import DEFAULT_PROFILE, get_profile
 from gpu_queue_scaler_bench.sim.report import measure
-from gpu_queue_scaler_bench.sim.run import COMPANION, PolicyRun, SimConfig, run_bench, simulate
-from gpu_queue_scaler_bench.sim.workload import build_requests
-from gpu_queue_scaler_bench.traces import load_trace
+from gpu_queue_scaler_bench.sim.run import COMPANION, PolicyRun, run_bench, simulate
 
 CONV = "bench/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 
@@ -49,16 +46,16 @@ def main() -> None:
     parser.add_argument("--headroom", default="1.0,1.18,1.3,1.45,1.6")
     parser.add_argument("--window", default="180,300")
     args = parser.parse_args()
-    trace = first_windows(load_trace(args.trace), args.duration, args.compress)
-    requests = build_requests(
-        trace, scale=args.scale, compress=args.compress, duration_s=args.duration
-    )
-    cfg = SimConfig(
-        profile=get_profile(DEFAULT_PROFILE),
+    options = ReplayOptions(
+        trace=args.trace,
+        scale=args.scale,
+        compress=args.compress,
+        duration_s=args.duration,
         cold_start_s=args.cold_start,
-        policies=("scaler", "oracle"),
         companion=True,
     )
+    requests = load_requests(options)
+    cfg = replace(sim_config(options), policies=("scaler", "oracle"))
     bench = run_bench(requests, cfg, scale=args.scale)
     runs = {run.name: run for run in bench.runs}
     oracle = runs["oracle"]

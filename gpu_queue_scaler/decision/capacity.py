@@ -146,10 +146,11 @@ def token_work(signal: Signal, spec: CapacitySpec) -> float | None:
     return work
 
 
-def token_flow(signal: Signal, spec: CapacitySpec) -> float | None:
-    """The flow in replicas from the token counters, when they measure demand: with a capacity
-    configured and nothing waiting, what the servers generate and prefill per second is what
-    arrives, so `token_work` is the replicas the arrivals need. It is preferred to Little's law
+def token_flow(signal: Signal, work: float | None) -> float | None:
+    """The flow in replicas from the token counters (`work`: this signal's `token_work`), when
+    they measure demand: with a capacity configured and nothing waiting, what the servers
+    generate and prefill per second is what arrives, so the work is the replicas the arrivals
+    need. It is preferred to Little's law
     there because arrival_rate x S needs S at the operating point, extrapolated by the policy's
     fit from the batch the fleet runs, while the counters need no model (how far apart the two
     read on the replay bench: bench/results/decision.md). While a request waits the counters
@@ -157,10 +158,9 @@ def token_flow(signal: Signal, spec: CapacitySpec) -> float | None:
     the arrivals' flow stands; None then, and without a configured capacity or a finite rate.
     Capacities set too high size the fleet short here until a queue forms; then the queue term
     and the closed loop's headroom take over (docs/tuning.md)."""
-    if signal.waiting is None or signal.waiting >= 1.0:
+    if signal.waiting is None or signal.waiting >= 1.0 or work is None:
         return None
-    work = token_work(signal, spec)
-    return work if work is not None and math.isfinite(work) else None
+    return work if math.isfinite(work) else None
 
 
 def loaded_service_time(signal: Signal, spec: CapacitySpec) -> float | None:
@@ -311,7 +311,8 @@ def need(
     else:
         s = service_time(signal, spec)
         loaded = loaded_service_time(signal, spec)
-    tokens = token_flow(signal, spec)
+    work = token_work(signal, spec)
+    tokens = token_flow(signal, work)
     queued = queue_term(signal, spec, fleet, loaded, tokens) if fleet is not None else None
     steady_queue: float | None = None
     floor = 0.0
@@ -344,7 +345,6 @@ def need(
     ):
         drain = (signal.arrival_rate or 0.0) + signal.waiting / spec.queue_time_slo_s
         terms["queue_slo"] = drain * s / per_replica
-    work = token_work(signal, spec)
     if work is not None:
         terms["tokens"] = work
     if (

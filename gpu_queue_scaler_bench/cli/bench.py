@@ -6,8 +6,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from typing import TYPE_CHECKING
 
 from gpu_queue_scaler.cli.options import Subcommands, parse_metadata
+
+if TYPE_CHECKING:  # the simulator is imported only when a bench runs
+    from gpu_queue_scaler_bench.sim.command import ReplayOptions
 
 
 def _positive_price(text: str) -> float:
@@ -59,35 +63,41 @@ def _bench_forecast(args: argparse.Namespace) -> int:
     return 0
 
 
+def replay_options(args: argparse.Namespace, metadata: dict[str, str]) -> ReplayOptions:
+    """`scaler bench replay`'s parsed arguments as the replay's options (`bench/` scripts read
+    `bench/run_replay_all.sh`'s cases through this and the CLI's own parser)."""
+    from gpu_queue_scaler_bench.sim.command import ReplayOptions
+
+    return ReplayOptions(
+        trace=args.trace,
+        scale=args.scale,
+        profile=args.profile,
+        cold_start_s=args.cold_start,
+        seed=args.seed,
+        slo_s=args.slo,
+        duration_s=args.duration,
+        json=args.json,
+        plots=args.plots,
+        progress=not args.no_progress,
+        metadata=metadata,
+        compress=args.compress,
+        full_stack=args.full_stack,
+        speedup=args.speedup,
+        companion=args.companion,
+        node_price=args.node_price,
+        consolidation=args.consolidation,
+    )
+
+
 def _bench_replay(args: argparse.Namespace) -> int:
     """Replay a trace against a simulated fleet under every policy (see
     gpu_queue_scaler_bench.sim)."""
-    from gpu_queue_scaler_bench.sim.command import ReplayOptions, replay
+    from gpu_queue_scaler_bench.sim.command import replay
 
     metadata = parse_metadata(args.metadata)
     if metadata is None:
         return 2
-    return replay(
-        ReplayOptions(
-            trace=args.trace,
-            scale=args.scale,
-            profile=args.profile,
-            cold_start_s=args.cold_start,
-            seed=args.seed,
-            slo_s=args.slo,
-            duration_s=args.duration,
-            json=args.json,
-            plots=args.plots,
-            progress=not args.no_progress,
-            metadata=metadata,
-            compress=args.compress,
-            full_stack=args.full_stack,
-            speedup=args.speedup,
-            companion=args.companion,
-            node_price=args.node_price,
-            consolidation=args.consolidation,
-        )
-    )
+    return replay(replay_options(args, metadata))
 
 
 def _bench_loadgen(args: argparse.Namespace) -> int:

@@ -98,31 +98,42 @@ def _full_stack(requests: Requests, config: SimConfig, options: ReplayOptions) -
     return run.bench
 
 
+def load_requests(options: ReplayOptions) -> Requests:
+    """The requests a replay runs: the trace, cut to the windows the duration reaches (full
+    stack: FULL_STACK_DURATION_S unless given), scaled, compressed and seeded. Raises TraceError
+    or ValueError naming what is wrong."""
+    duration = options.duration_s
+    if options.full_stack and duration is None:
+        duration = FULL_STACK_DURATION_S
+    return build_requests(
+        first_windows(load_trace(options.trace), duration, options.compress),
+        scale=options.scale,
+        seed=options.seed,
+        duration_s=duration,
+        compress=options.compress,
+    )
+
+
+def sim_config(options: ReplayOptions) -> SimConfig:
+    """The simulator's configuration for these options (every policy; ValueError on an unknown
+    profile)."""
+    return SimConfig(
+        get_profile(options.profile),
+        cold_start_s=options.cold_start_s,
+        slo_s=options.slo_s,
+        node_usd_per_hour=options.node_price,
+        seed=options.seed,
+        scaler_metadata=dict(options.metadata),
+        companion=options.companion,
+        consolidation=options.consolidation,
+    )
+
+
 def replay(options: ReplayOptions) -> int:
     """Run the bench and print it; 2 on bad input (the message names what is wrong)."""
     try:
-        profile = get_profile(options.profile)
-        trace = load_trace(options.trace)
-        duration = options.duration_s
-        if options.full_stack and duration is None:
-            duration = FULL_STACK_DURATION_S
-        requests = build_requests(
-            first_windows(trace, duration, options.compress),
-            scale=options.scale,
-            seed=options.seed,
-            duration_s=duration,
-            compress=options.compress,
-        )
-        config = SimConfig(
-            profile,
-            cold_start_s=options.cold_start_s,
-            slo_s=options.slo_s,
-            node_usd_per_hour=options.node_price,
-            seed=options.seed,
-            scaler_metadata=dict(options.metadata),
-            companion=options.companion,
-            consolidation=options.consolidation,
-        )
+        config = sim_config(options)
+        requests = load_requests(options)
         if options.companion and options.full_stack:
             raise ValueError("--companion runs offline only; drop --full-stack")
     except (TraceError, ValueError) as exc:

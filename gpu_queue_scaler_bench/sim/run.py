@@ -435,7 +435,10 @@ def run_bench(
     runs: dict[str, PolicyRun] = {}
     if "oracle" in cfg.policies:
         runs["oracle"], need = _oracle(requests, cfg, need, lead, origin, initial, progress)
-    peak = max(1, int(need[pre_steps : pre_steps + trace_steps].max(initial=1)))
+    # The (refined) need on the trace's clock and the pre-roll before it: what the reactive
+    # bound reads, and what the result carries for `bench/reactive_bound.py`.
+    trace_need, preroll_s = need[pre_steps:], pre_steps * dt
+    peak = max(1, int(trace_need[:trace_steps].max(initial=1)))
     max_replicas = cfg.max_replicas or max(2 * peak, initial)
     target = max(1.0, math.floor(SLOT_SHARE * slots))
     metadata = scaler_metadata(
@@ -483,8 +486,7 @@ def run_bench(
         window_s = ScalerPolicy(metadata).spec.scale_down_stabilization_s
         bound: dict[float, PolicyRun] = {}
         for headroom in REACTIVE_SWEEP:
-            # The need on the trace's own clock: the pre-roll replays its first minutes.
-            held = ReactiveBound(need[pre_steps:], dt, pre_steps * dt, headroom, window_s)
+            held = ReactiveBound(trace_need, dt, preroll_s, headroom, window_s)
             bound[headroom] = simulate(held, requests, cfg, initial, progress)
         headroom, runs[REACTIVE_BEST], why = hindsight_pick(
             bound, REACTIVE_BEST, cfg.slo_s, lambda h: f"x{h:g}"
@@ -508,8 +510,8 @@ def run_bench(
         notes=notes,
         max_replicas=max_replicas,
         scaler_metadata=metadata,
-        oracle_need=need[pre_steps:],
-        preroll_s=pre_steps * dt,
+        oracle_need=trace_need,
+        preroll_s=preroll_s,
     )
 
 
