@@ -21,8 +21,12 @@ from gpu_queue_scaler_bench.sim.command import first_windows
 from gpu_queue_scaler_bench.sim.policies import (
     KEDA_INFLIGHT,
     KEDA_INFLIGHT_BEST,
+    REACTIVE_BEST,
+    REACTIVE_SWEEP,
     KedaInflight,
     Oracle,
+    ReactiveBound,
+    oracle_need,
     replica_slots,
 )
 from gpu_queue_scaler_bench.sim.profiles import G6_XLARGE, P4D_24XLARGE, get_profile
@@ -151,6 +155,32 @@ def test_the_keda_inflight_rows_exist_and_the_hindsight_row_is_the_best_of_its_s
         assert best.slo_attainment >= 0.99 and best.gpu_hours <= fixed.gpu_hours
     else:
         assert best.slo_attainment >= fixed.slo_attainment
+
+
+def test_the_reactive_bound_row_reads_the_oracles_refined_need_and_is_the_best_of_its_sweep():
+    """The bound's row is a hindsight pick of x1.0-x1.5 over the need the oracle ran on (its
+    refined need, never below the first one), and no headroom of the sweep that meets 0.99
+    does so for fewer GPU-hours."""
+    requests = _slice(*SLICES[1])
+    cfg = SimConfig(A100, policies=("scaler", REACTIVE_BEST, "oracle"))
+    result = run_bench(requests, cfg, 2.0)
+    assert [run.name for run in result.runs] == ["scaler", REACTIVE_BEST, "oracle"]
+    note = next(n for n in result.notes if n.startswith(REACTIVE_BEST))
+    assert "chosen after the runs" in note and all(f"x{h:g} " in note for h in REACTIVE_SWEEP)
+    assert result.oracle_need is not None
+    steps = round(requests.duration_s / cfg.dt)
+    slots = replica_slots(requests, A100.service)
+    first = oracle_need(requests, A100.service, cfg.dt, steps, slots, slo_s=cfg.slo_s)
+    assert np.all(result.oracle_need[:steps] >= first)  # the refinement only adds
+    best = measure(result.runs[1], cfg.slo_s)
+    window = 300.0  # the scaler's default scale-down window, which the bound holds for
+    for headroom in REACTIVE_SWEEP:
+        bound = ReactiveBound(result.oracle_need, cfg.dt, result.preroll_s, headroom, window)
+        run = measure(simulate(bound, requests, cfg, result.initial_replicas), cfg.slo_s)
+        if run.slo_attainment >= 0.99:
+            assert best.slo_attainment >= 0.99 and best.gpu_hours <= run.gpu_hours
+        else:
+            assert best.slo_attainment >= 0.99 or best.slo_attainment >= run.slo_attainment
 
 
 def _fragmented(policy: str) -> Cluster:
