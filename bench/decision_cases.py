@@ -20,8 +20,10 @@ import re
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from gpu_queue_scaler.cli import parser as cli_parser
 from gpu_queue_scaler.cli.options import parse_metadata
@@ -32,6 +34,7 @@ from gpu_queue_scaler_bench.sim.run import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "run_replay_all.sh"
+T = TypeVar("T")
 IDLE = "idle-bursts"  # never in the mean: it idles between bursts
 
 
@@ -63,31 +66,54 @@ def run_case(
     return name, out, time.monotonic() - started
 
 
-def main() -> None:
-    known = cases()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def case_parser(description: str, known: dict[str, ReplayOptions]) -> argparse.ArgumentParser:
+    """The options every per-case bench script takes (`chosen` reads them)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cold-start", type=float, default=180.0)
     parser.add_argument("--cases", default=",".join(known), help=f"of: {', '.join(known)}")
-    parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--jobs", type=int, default=2, help="cases run side by side")
-    args = parser.parse_args()
+    return parser
+
+
+def chosen(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    known: dict[str, ReplayOptions],
+    metadata: dict[str, str] | None = None,
+) -> dict[str, ReplayOptions]:
+    """The cases --cases names, at --seed and --cold-start (and the scaler's extra metadata)."""
     names = [n for n in args.cases.split(",") if n]
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown cases {unknown}; known: {', '.join(known)}")
+    picked = {
+        n: dataclasses.replace(known[n], seed=args.seed, cold_start_s=args.cold_start)
+        for n in names
+    }
+    if metadata is None:
+        return picked
+    return {n: dataclasses.replace(o, metadata=metadata) for n, o in picked.items()}
+
+
+def run_all(
+    run: Callable[[str, ReplayOptions], T], cases: dict[str, ReplayOptions], jobs: int
+) -> list[T]:
+    """`run` on every case, `jobs` side by side (each in its own process), in the cases' order."""
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        futures = [pool.submit(run, n, options) for n, options in cases.items()]
+        return [f.result() for f in futures]
+
+
+def main() -> None:
+    known = cases()
+    parser = case_parser(__doc__.splitlines()[0], known)
+    parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
     meta = parse_metadata(args.metadata)
     if meta is None:
         sys.exit(2)
-    chosen = {
-        n: dataclasses.replace(
-            known[n], seed=args.seed, cold_start_s=args.cold_start, metadata=meta
-        )
-        for n in names
-    }
-    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        futures = [pool.submit(run_case, n, options) for n, options in chosen.items()]
-        results = [f.result() for f in futures]
+    results = run_all(run_case, chosen(parser, args, known, meta), args.jobs)
     print(f"seed {args.seed}, cold start {args.cold_start:g} s, metadata {meta or 'none'}")
     print("| case | scaler | / oracle GPU-h | oracle | always-on | wall s |")
     print("|---|--:|--:|--:|--:|--:|")

@@ -22,10 +22,8 @@ quantiles sit above the `exact` ones, the estimate, not the traffic, is what ask
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from gpu_queue_scaler.decision import capacity
@@ -35,7 +33,7 @@ from gpu_queue_scaler_bench.sim.run import run_bench, simulate
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
-from decision_cases import cases
+from decision_cases import case_parser, cases, chosen, run_all
 
 QUANTILES = (0.5, 0.8, 0.9, 0.95)
 SERIES = ("exact", "tokens", "demand")
@@ -96,23 +94,9 @@ def run_case(name: str, options: ReplayOptions) -> tuple[str, dict[str, list[flo
 
 def main() -> None:
     known = cases()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cold-start", type=float, default=180.0)
-    parser.add_argument("--cases", default=",".join(known), help=f"of: {', '.join(known)}")
-    parser.add_argument("--jobs", type=int, default=2, help="cases run side by side")
+    parser = case_parser(__doc__.splitlines()[0], known)
     args = parser.parse_args()
-    names = [n for n in args.cases.split(",") if n]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        parser.error(f"unknown cases {unknown}; known: {', '.join(known)}")
-    chosen = {
-        n: dataclasses.replace(known[n], seed=args.seed, cold_start_s=args.cold_start)
-        for n in names
-    }
-    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        futures = [pool.submit(run_case, n, options) for n, options in chosen.items()]
-        results = [f.result() for f in futures]
+    results = run_all(run_case, chosen(parser, args, known), args.jobs)
     heads = " | ".join(f"q{round(q * 100)}" for q in QUANTILES)
     print(f"seed {args.seed}, cold start {args.cold_start:g} s; R = highest need within the")
     print("horizon / highest need the scale-down window holds, weighted by the future need")
