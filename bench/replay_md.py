@@ -13,6 +13,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpu_queue_scaler_bench.sim.verdict import (
+    GOAL_ATTAINMENT,
+    KEDA_ROWS,
+    LIMIT_BURSTY,
+    LIMIT_SMOOTH,
+    Outcome,
+    judge,
+)
+
 POLICIES = (
     "always-on",
     "hpa-gpu-util",
@@ -27,89 +36,61 @@ POLICIES = (
 )
 
 
-# The goals' GPU-hour limits against the oracle: bursty traces 1.5x, smooth and diurnal 1.25x;
-# a trace not named in the goals gets its ratio shown without a verdict.
-BURSTY = ("AzureLLMInferenceTrace_code", "aggregate_rate_reason_deepseek-r1")
-SMOOTH = (
-    "AzureLLMInferenceTrace_conv",
-    "conversation_trace",
-    "aggregate_rate_language_m-small",
-    "aggregate_rate_language_m-large",
-    "aggregate_rate_multimodal_mm-image",
-)
-KEDA_ROWS = ("keda-inflight-70%", "keda-inflight-best(hindsight)")
-
-
-def _against(mine: dict[str, Any], other: dict[str, Any]) -> str:
-    """Ahead: fewer misses at no more GPU-hours, or fewer GPU-hours at no more misses."""
-    a, b = mine["slo_attainment"], other["slo_attainment"]
-    g, h = mine["gpu_hours"], other["gpu_hours"]
-    if a >= b and g <= h and (a > b or g < h):
-        return "ahead"
-    if b >= a and h <= g and (b > a or h < g):
-        return "behind"
-    return "mixed" if (a, g) != (b, h) else "equal"
-
-
 def _verdict(runs: list[tuple[Path, int, str, dict[str, Any]]], row: str = "scaler") -> list[str]:
-    """Per trace at 180 s cold start: the default scaler row against each goal, computed."""
+    """Per trace at 180 s cold start: the default scaler row against each goal
+    (`gpu_queue_scaler_bench.sim.verdict`, which the replay's own table prints too)."""
     out = [
         f"## Verdict: the default `{row}` row against the goals (cold start 180 s)",
         "",
-        "Computed from the runs below. **SLO**: its attainment, goal >= 0.99 wherever the oracle "
-        "reaches it; **GPU-h / oracle**: goal <= 1.25 on smooth and diurnal traces, <= 1.5 on "
-        "bursty ones (Azure code, deepseek-r1); **always-on**: never more GPU-h at equal "
-        "attainment; **KEDA**: ahead = fewer misses at no more GPU-h, or fewer GPU-h at no more "
-        "misses; behind = the KEDA row is ahead of it; mixed = neither.",
+        "Computed from the runs below. **SLO**: its attainment, goal >= "
+        f"{GOAL_ATTAINMENT:g} wherever the oracle reaches it; **GPU-h / oracle**: goal <= "
+        f"{LIMIT_SMOOTH:g} on smooth and diurnal traces, <= {LIMIT_BURSTY:g} on bursty ones "
+        "(Azure code, deepseek-r1); **always-on**: never more GPU-h at equal attainment; "
+        "**KEDA**: ahead = fewer misses at no more GPU-h, or fewer GPU-h at no more misses; "
+        "behind = the KEDA row is ahead of it; mixed = neither.",
         "",
-        "| trace | SLO (oracle) | GPU-h / oracle | vs always-on | vs keda-inflight-70% | "
-        "vs keda-inflight-best(hindsight) |",
-        "|---|---|---|---|---|---|",
+        "| trace | SLO (oracle) | GPU-h / oracle | vs always-on | "
+        + " | ".join(f"vs {name}" for name in KEDA_ROWS)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(KEDA_ROWS),
     ]
     met = {"slo": 0, "cost": 0, "always": 0, "keda": 0}
     counted = {"slo": 0, "cost": 0, "always": 0, "keda": 0}
     for _, _, _, found in runs:
         if found["cold_start_s"] != 180:
             continue
-        by = {p["name"]: p for p in found["policies"]}
-        mine, oracle, fixed = by.get(row), by.get("oracle"), by.get("always-on")
-        if mine is None or oracle is None or fixed is None:
+        outcomes = {
+            p["name"]: Outcome(p["slo_attainment"], p["gpu_hours"]) for p in found["policies"]
+        }
+        v = judge(found["trace"], outcomes, row)
+        if v is None:
             continue
-        att, o_att = mine["slo_attainment"], oracle["slo_attainment"]
         counted["slo"] += 1
-        ok = att >= 0.99 or o_att < 0.99
-        met["slo"] += ok
-        slo = f"{att:.3f} ({o_att:.3f}) {'met' if ok else 'missed'}"
-        ratio = mine["gpu_hours"] / oracle["gpu_hours"] if oracle["gpu_hours"] else float("inf")
-        trace = found["trace"]
-        limit = 1.5 if trace in BURSTY else 1.25 if trace in SMOOTH else None
-        if limit is None:
-            cost = f"{ratio:.2f}x (no goal)"
+        met["slo"] += v.slo_met
+        slo = (
+            f"{v.scaler.attainment:.3f} ({v.oracle.attainment:.3f}) "
+            f"{'met' if v.slo_met else 'missed'}"
+        )
+        if v.cost_met is None:
+            cost = f"{v.ratio:.2f}x (no goal)"
         else:
             counted["cost"] += 1
-            met["cost"] += ratio <= limit
-            cost = f"{ratio:.2f}x {'met' if ratio <= limit else 'missed'} (<= {limit:g})"
+            met["cost"] += v.cost_met
+            cost = f"{v.ratio:.2f}x {'met' if v.cost_met else 'missed'} (<= {v.limit:g})"
         counted["always"] += 1
-        cheaper = mine["gpu_hours"] <= fixed["gpu_hours"]
-        met["always"] += cheaper
+        met["always"] += v.cheaper_than_always_on
         always = (
-            f"{mine['gpu_hours']:.1f} vs {fixed['gpu_hours']:.1f} GPU-h, "
-            f"{'cheaper' if cheaper else 'costlier'} ({fixed['slo_attainment']:.3f})"
+            f"{v.scaler.gpu_hours:.1f} vs {v.always_on.gpu_hours:.1f} GPU-h, "
+            f"{'cheaper' if v.cheaper_than_always_on else 'costlier'} "
+            f"({v.always_on.attainment:.3f})"
         )
-        keda = []
-        for name in KEDA_ROWS:
-            other = by.get(name)
-            if other is None:
-                keda.append("—")
-                continue
-            verdict = _against(mine, other)
+        keda = {name: "—" for name in KEDA_ROWS}
+        for name, word, other in v.keda_verdicts():
             counted["keda"] += 1
-            met["keda"] += verdict == "ahead"
-            keda.append(
-                f"{verdict} ({other['slo_attainment']:.3f} / {other['gpu_hours']:.1f} GPU-h)"
-            )
-        label = f"{trace} x{found['scale']:g}"
-        out.append(f"| {label} | {slo} | {cost} | {always} | {keda[0]} | {keda[1]} |")
+            met["keda"] += word == "ahead"
+            keda[name] = f"{word} ({other.attainment:.3f} / {other.gpu_hours:.1f} GPU-h)"
+        label = f"{v.trace} x{found['scale']:g}"
+        out.append(f"| {label} | {slo} | {cost} | {always} | " + " | ".join(keda.values()) + " |")
     out += [
         "",
         f"Met: SLO on {met['slo']} of {counted['slo']} traces; GPU-hours limit on "

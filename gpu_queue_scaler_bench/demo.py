@@ -7,7 +7,8 @@ policies of `scaler bench replay` (always-on, an HPA on GPU utilization, KEDA's 
 queue depth (the documented pitfall) and on requests in flight (a fixed threshold and the best in
 hindsight), this scaler through the same `Decider` that serves KEDA; and two bounds: the best
 reactive rule in hindsight, given the exact need now, and an oracle with foresight), prints the SLO
-/ GPU-hours / cost table and writes the plots.
+/ GPU-hours / cost table with the scaler row's verdict against the goals
+(`gpu_queue_scaler_bench.sim.verdict`: a goal missed is printed as MISSED), and writes the plots.
 Deterministic (seed 0); about half a minute on two cores. `scaler bench replay` takes any trace.
 """
 

@@ -36,6 +36,7 @@ from gpu_queue_scaler_bench.sim.policies import (
 )
 from gpu_queue_scaler_bench.sim.prewarm import COMPANION, FORECAST, PREWARM
 from gpu_queue_scaler_bench.sim.run import BenchResult, PolicyRun
+from gpu_queue_scaler_bench.sim.verdict import Outcome, Verdict, judge
 
 # gpu_queue_scaler_bench.sim.fullstack's row (named here: no import cycle)
 FULL_STACK = "scaler-fullstack"
@@ -197,6 +198,9 @@ def table(result: BenchResult) -> str:
             f"{m.peak_replicas:>6d}{m.replica_start_p50_s:>8.0f}{m.replica_start_p99_s:>8.0f}"
             f"{_zero(m):>7}"
         )
+    found = verdict(result.trace, measures)
+    if found is not None:
+        lines += found.lines(cfg.slo_s)
     lines.append(
         "start50/99: pod created -> ready, s (p50/p99 over pods created in the trace); from0: "
         "mean s from a request arriving at zero serving replicas to one serving (episodes)"
@@ -233,6 +237,12 @@ def table(result: BenchResult) -> str:
     for note in checks(measures) + result.notes:
         lines.append(f"check: {note}")
     return "\n".join(lines)
+
+
+def verdict(trace: str, measures: list[Measures]) -> Verdict | None:
+    """The scaler row against the goals (`gpu_queue_scaler_bench.sim.verdict`), when the run
+    has it, the oracle and always-on."""
+    return judge(trace, {m.name: Outcome(m.slo_attainment, m.gpu_hours) for m in measures})
 
 
 def _zero(m: Measures) -> str:

@@ -61,6 +61,7 @@ from gpu_queue_scaler_bench.sim.policies import (
 )
 from gpu_queue_scaler_bench.sim.prewarm import COMPANION, FORECAST, PREWARM, Prewarm, with_forecast
 from gpu_queue_scaler_bench.sim.profiles import Profile, ServiceProfile
+from gpu_queue_scaler_bench.sim.verdict import GOAL_ATTAINMENT
 from gpu_queue_scaler_bench.sim.workload import Requests
 
 FloatArray = NDArray[np.float64]
@@ -368,7 +369,7 @@ def pick_best(runs: Mapping[float, PolicyRun], slo_s: float, target: float) -> f
     return max(runs, key=lambda share: (attainment(runs[share], slo_s), -runs[share].gpu_seconds))
 
 
-SWEEP_TARGET = 0.99  # the attainment the hindsight KEDA pick must reach (the goals' target)
+SWEEP_TARGET = GOAL_ATTAINMENT  # what a hindsight pick must reach: the goals' target
 
 
 def hindsight_pick(

@@ -143,6 +143,19 @@ def test_json_shape(bench: BenchResult) -> None:
     assert "always-on" in table(bench)
 
 
+def test_the_table_states_the_scalers_verdict_against_the_goals(bench: BenchResult) -> None:
+    # What the demo's first screen says of the scaler against always-on follows the measures.
+    m = {run.name: measure(run, CONFIG.slo_s) for run in bench.runs}
+    text = table(bench)
+    assert "verdict: the scaler row against the project's goals" in text
+    costlier = m["scaler"].gpu_hours > m["always-on"].gpu_hours
+    assert ("always-on (fixed at the oracle's peak)" in text) and (
+        ("MORE GPU-hours: MISSED" in text) == costlier
+    )
+    ratio = m["scaler"].gpu_hours / m["oracle"].gpu_hours
+    assert f"GPU-hours: {ratio:.2f}x the oracle's" in text
+
+
 def test_cli_replays_a_slice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(
         [

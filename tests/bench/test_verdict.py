@@ -1,0 +1,77 @@
+"""The goals' verdict: one computation for the replay's table (`scaler demo`) and replay.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_queue_scaler_bench.sim.policies import KEDA_INFLIGHT, KEDA_INFLIGHT_BEST
+from gpu_queue_scaler_bench.sim.verdict import Outcome, against, judge
+
+CONV = "AzureLLMInferenceTrace_conv"  # smooth: GPU-hours <= 1.25x the oracle's
+CODE = "AzureLLMInferenceTrace_code"  # bursty: <= 1.5x
+
+
+def outcomes(scaler: Outcome, **others: Outcome) -> dict[str, Outcome]:
+    return {
+        "scaler": scaler,
+        "oracle": others.get("oracle", Outcome(1.0, 32.0)),
+        "always-on": others.get("always_on", Outcome(1.0, 38.9)),
+        KEDA_INFLIGHT: others.get("keda", Outcome(0.973, 46.9)),
+        KEDA_INFLIGHT_BEST: others.get("best", Outcome(0.987, 41.1)),
+    }
+
+
+@pytest.mark.parametrize(
+    ("mine", "other", "word"),
+    [
+        (Outcome(0.99, 10.0), Outcome(0.98, 10.0), "ahead"),  # fewer misses, same cost
+        (Outcome(0.99, 9.0), Outcome(0.99, 10.0), "ahead"),  # cheaper, same misses
+        (Outcome(0.98, 11.0), Outcome(0.99, 10.0), "behind"),
+        (Outcome(0.99, 11.0), Outcome(0.98, 10.0), "mixed"),  # better and dearer
+        (Outcome(0.99, 10.0), Outcome(0.99, 10.0), "equal"),
+    ],
+)
+def test_ahead_means_better_on_one_axis_and_no_worse_on_the_other(
+    mine: Outcome, other: Outcome, word: str
+) -> None:
+    assert against(mine, other) == word
+
+
+def test_the_demo_trace_costlier_than_always_on_is_printed_as_missed() -> None:
+    # The demo's figures: on time, but 40.9 GPU-h against a fixed fleet's 38.9 and 1.28x the
+    # oracle's on smooth traffic: both goals missed, and said so in capitals.
+    v = judge(CONV, outcomes(Outcome(1.0, 40.9)))
+    assert v is not None
+    assert v.slo_met and v.cost_met is False and not v.cheaper_than_always_on
+    text = "\n".join(v.lines(2.0))
+    assert "goal <= 1.25 on smooth or diurnal traffic: MISSED" in text
+    assert "MORE GPU-hours: MISSED" in text
+    assert f"{KEDA_INFLIGHT}: ahead" in text and f"{KEDA_INFLIGHT_BEST}: ahead" in text
+    cheaper = judge(CONV, outcomes(Outcome(1.0, 38.0)))
+    assert cheaper is not None and cheaper.cheaper_than_always_on and cheaper.cost_met
+    assert "no more GPU-hours: met" in "\n".join(cheaper.lines(2.0))
+
+
+def test_the_limit_follows_the_kind_of_traffic() -> None:
+    scaler = Outcome(0.995, 45.0)  # 1.41x a 32 GPU-h oracle
+    bursty, smooth = judge(CODE, outcomes(scaler)), judge(CONV, outcomes(scaler))
+    assert bursty is not None and bursty.limit == 1.5 and bursty.cost_met
+    assert smooth is not None and smooth.limit == 1.25 and smooth.cost_met is False
+    unknown = judge("my-trace", outcomes(scaler))
+    assert unknown is not None and unknown.limit is None and unknown.cost_met is None
+    assert "no limit for a trace of unknown kind" in "\n".join(unknown.lines(2.0))
+
+
+def test_the_slo_is_held_only_where_the_oracle_reaches_it() -> None:
+    late = Outcome(0.95, 30.0)
+    reachable = judge(CODE, outcomes(late))
+    assert reachable is not None and not reachable.slo_met
+    assert "MISSED" in reachable.lines(2.0)[1]
+    unreachable = judge(CODE, outcomes(late, oracle=Outcome(0.98, 25.0)))
+    assert unreachable is not None and unreachable.slo_met
+
+
+def test_no_verdict_without_the_rows_it_compares() -> None:
+    assert judge(CONV, {"scaler": Outcome(1.0, 1.0), "oracle": Outcome(1.0, 1.0)}) is None
+    v = judge(CONV, {k: Outcome(1.0, 1.0) for k in ("scaler", "oracle", "always-on")})
+    assert v is not None and v.keda_verdicts() == ()
