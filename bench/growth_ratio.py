@@ -70,11 +70,11 @@ def run_case(name: str, options: ReplayOptions) -> tuple[str, dict[str, list[flo
     cfg = dataclasses.replace(sim_config(options), policies=("oracle",))
     result = run_bench(requests, cfg, options.scale)
     assert result.oracle_need is not None
-    scaler = ScalerPolicy(result.scaler_metadata)
-    simulate(scaler, requests, cfg, result.initial_replicas)
-    spec = scaler.spec
+    policy = ScalerPolicy(result.scaler_metadata)
+    simulate(policy, requests, cfg, result.initial_replicas)
+    spec = policy.spec
     window, horizon = spec.scale_down_stabilization_s, spec.horizon_s
-    ticks = [d for d in scaler.decisions if d.signal is not None and d.need is not None]
+    ticks = [d for d in policy.decisions if d.signal is not None and d.need is not None]
     at = np.array([d.at for d in ticks])
     step = float(np.median(np.diff(at)))
     first = int(np.searchsorted(at, 0.0))
