@@ -86,6 +86,7 @@ def replay_options(args: argparse.Namespace, metadata: dict[str, str]) -> Replay
         companion=args.companion,
         node_price=args.node_price,
         consolidation=args.consolidation,
+        preemption=args.kv_preemption,
     )
 
 
@@ -230,6 +231,13 @@ def register(sub: Subcommands) -> None:
         "WhenEmptyOrUnderutilized (Karpenter v1's default, what most clusters run) also repacks "
         "part-empty nodes by evicting their pods, which restart elsewhere; WhenEmpty only removes "
         "empty nodes (default %(default)s)",
+    )
+    rp.add_argument(
+        "--kv-preemption",
+        action="store_true",
+        help="a simulated vLLM pod whose running requests outgrow its KV cache preempts the "
+        "newest ones, which prefill again ahead of new requests (vLLM's recompute mode); "
+        "without it the overflow is served for free",
     )
     rp.add_argument("--json", action="store_true", help="one JSON object")
     rp.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")

@@ -106,8 +106,10 @@ class ServingFleet:
         n_steps: int,
         max_wait_s: float,
         rate_window_s: float = 60.0,
+        preemption: bool = False,
     ) -> None:
         self.req = requests
+        self.preemption = preemption
         self.svc = service
         self.dt = dt
         self.max_wait_s = max_wait_s
@@ -126,6 +128,13 @@ class ServingFleet:
         self.r_start = np.zeros(0)  # offset in the current step when the request joined
         self.r_prefill = np.zeros(0)  # prompt tokens still to prefill
         self.r_decode = np.zeros(0)  # output tokens still to decode (the first comes from prefill)
+        # Requests preempted for KV (`preemption`), oldest preemption first: what each must
+        # prefill again (its prompt and what it generated) and decode still. vLLM puts them at
+        # the front of its waiting queue and schedules them before any new request.
+        self.p_id = np.zeros(0, dtype=np.int64)
+        self.p_prefill = np.zeros(0)
+        self.p_decode = np.zeros(0)
+        self.preemptions = 0
         # Per-step history for rate-window signals (index k = state at the end of step k).
         self.k = -1
         self.h_waiting = np.zeros(n_steps + 1, dtype=np.int64)
@@ -154,7 +163,8 @@ class ServingFleet:
 
     @property
     def waiting(self) -> int:
-        return self.arrived - self.head
+        """vLLM's num_requests_waiting: new requests not yet scheduled and preempted ones."""
+        return self.arrived - self.head + int(self.p_id.size)
 
     @property
     def running(self) -> int:
@@ -208,30 +218,21 @@ class ServingFleet:
         self.r_decode = self.r_decode[mask]
 
     def _admit(self, t: float, serving: IntArray) -> None:
-        """Move queued requests onto serving replicas with room (slots and KV), FIFO."""
+        """Move queued requests onto serving replicas with room (slots and KV), FIFO; requests
+        preempted for KV go first (`_readmit`)."""
+        if self.p_id.size and serving.size:
+            self._readmit(serving)
+        if self.p_id.size:  # new requests wait behind the preempted ones
+            return
         queued = self.arrived - self.head
         if queued <= 0 or serving.size == 0:
             return
-        svc = self.svc
-        running = self.running_per_pod(serving)
-        slots = np.maximum(svc.max_num_seqs - running, 0)
+        slots = np.maximum(self.svc.max_num_seqs - self.running_per_pod(serving), 0)
         budget = int(min(queued, slots.sum()))
         if budget <= 0:
             return
         ids = np.arange(self.head, self.head + budget)
-        mean_in = float(np.mean(self.req.input_tokens[ids]))
-        held, backlog = (
-            self._by_pod(self._kv_by_pod, serving),
-            self._by_pod(self._prefill_by_pod, serving),
-        )
-        kv_free = svc.kv_capacity_tokens - held
-        by_kv = np.floor(np.maximum(kv_free, 0.0) / max(mean_in, 1.0)).astype(np.int64)
-        # vLLM schedules a waiting request when its first prefill chunk fits an iteration's
-        # token budget: over a step, what the pod can prefill in it.
-        room = svc.prefill_tokens_per_s * self.dt - backlog
-        by_prefill = np.where(room > 0, np.ceil(room / max(mean_in, 1.0)), 0).astype(np.int64)
-        allowance = np.minimum(np.minimum(slots, by_kv), by_prefill)
-        allowance[(running == 0) & (allowance == 0) & (slots > 0)] = 1  # a huge prompt still runs
+        running, allowance = self._room(serving, float(np.mean(self.req.input_tokens[ids])))
         take = fill_least_loaded(running, allowance, budget)
         n = int(take.sum())
         if n == 0:
@@ -251,6 +252,85 @@ class ServingFleet:
             [self.r_decode, np.maximum(self.req.output_tokens[ids] - 1, 0).astype(float)]
         )
 
+    def _room(self, serving: IntArray, tokens: float) -> tuple[IntArray, IntArray]:
+        """Running requests per serving pod, and how many more of `tokens` prompt tokens each
+        takes now: a free slot, room in its KV cache, and room in this step's prefill budget."""
+        svc = self.svc
+        running = self.running_per_pod(serving)
+        slots = np.maximum(svc.max_num_seqs - running, 0)
+        held = self._by_pod(self._kv_by_pod, serving)
+        backlog = self._by_pod(self._prefill_by_pod, serving)
+        by_kv = np.floor(np.maximum(svc.kv_capacity_tokens - held, 0.0) / max(tokens, 1.0))
+        # vLLM schedules a waiting request when its first prefill chunk fits an iteration's
+        # token budget: over a step, what the pod can prefill in it.
+        room = svc.prefill_tokens_per_s * self.dt - backlog
+        by_prefill = np.where(room > 0, np.ceil(room / max(tokens, 1.0)), 0)
+        allowance = np.minimum(
+            np.minimum(slots, by_kv.astype(np.int64)), by_prefill.astype(np.int64)
+        )
+        allowance[(running == 0) & (allowance == 0) & (slots > 0)] = 1  # a huge prompt still runs
+        return running, allowance.astype(np.int64)
+
+    def _readmit(self, serving: IntArray) -> None:
+        """Requests preempted for KV back onto pods with room, oldest preemption first: they
+        prefill their prompt and what they had generated again (vLLM's recompute), then decode
+        the rest. Their queue wait and first token were counted when first admitted."""
+        running, allowance = self._room(serving, float(np.mean(self.p_prefill)))
+        take = fill_least_loaded(running, allowance, int(self.p_id.size))
+        n = int(take.sum())
+        if n == 0:
+            return
+        pods = np.repeat(serving, take)
+        self.r_id = np.concatenate([self.r_id, self.p_id[:n]])
+        self.r_pod = np.concatenate([self.r_pod, pods])
+        self.r_start = np.concatenate([self.r_start, np.zeros(n)])
+        self.r_prefill = np.concatenate([self.r_prefill, self.p_prefill[:n]])
+        self.r_decode = np.concatenate([self.r_decode, self.p_decode[:n]])
+        self.pod_of[self.p_id[:n]] = pods
+        self.p_id, self.p_prefill, self.p_decode = (
+            self.p_id[n:],
+            self.p_prefill[n:],
+            self.p_decode[n:],
+        )
+        # What was admitted moves into the pods' KV and prefill backlog for new admissions.
+        self._kv_refresh(serving)
+
+    def _preempt(self, pods: IntArray) -> None:
+        """On each pod whose running requests hold more KV than its cache, the most recently
+        scheduled ones are preempted until the rest fit (vLLM's scheduler, recompute mode): their
+        KV is freed and they wait, ahead of new requests, to prefill everything again."""
+        if self.r_id.size == 0:
+            return
+        svc = self.svc
+        held = self._held()
+        size = int(self.r_pod.max()) + 1
+        per_pod = np.bincount(self.r_pod, weights=held, minlength=size)
+        over = np.flatnonzero(per_pod > svc.kv_capacity_tokens)
+        if over.size == 0:
+            return
+        victims = np.zeros(self.r_id.size, dtype=bool)
+        for pod in over.tolist():  # bounded: one pass per over-full pod
+            on = np.flatnonzero(self.r_pod == pod)  # admission order: latest last
+            keep_upto = np.cumsum(held[on]) <= svc.kv_capacity_tokens
+            keep_upto[0] = True  # the oldest request always keeps its place
+            victims[on[~keep_upto]] = True
+        ids = self.r_id[victims]
+        generated = np.maximum(self.req.output_tokens[ids] - 1, 0) - self.r_decode[victims]
+        self.p_id = np.concatenate([self.p_id, ids])
+        self.p_prefill = np.concatenate(
+            [self.p_prefill, self.req.input_tokens[ids] + np.maximum(generated, 0.0)]
+        )
+        self.p_decode = np.concatenate([self.p_decode, self.r_decode[victims]])
+        self.preemptions += int(ids.size)
+        self._keep(~victims)
+
+    def _held(self) -> FloatArray:
+        """KV tokens each running request holds: its context so far (for a request prefilling
+        again after a preemption, what it has recomputed)."""
+        ids = self.r_id
+        generated = np.maximum(self.req.output_tokens[ids] - 1, 0) - self.r_decode
+        return np.maximum(self.req.input_tokens[ids] + generated - self.r_prefill, 0.0)
+
     @staticmethod
     def _by_pod(values: FloatArray, pods: IntArray) -> FloatArray:
         """values[pod] for each pod id, 0 for ids past the end (pods new since the refresh)."""
@@ -265,11 +345,7 @@ class ServingFleet:
         if self.r_id.size == 0:
             self._kv_by_pod = self._prefill_by_pod = np.zeros(0)
             return np.zeros(pods.size)
-        held = (
-            self.req.input_tokens[self.r_id]
-            - self.r_prefill
-            + (np.maximum(self.req.output_tokens[self.r_id] - 1, 0) - self.r_decode)
-        )
+        held = self._held()
         size = max(int(pods.max()) if pods.size else 0, int(self.r_pod.max())) + 1
         self._kv_by_pod = np.bincount(self.r_pod, weights=held, minlength=size).astype(np.float64)
         self._prefill_by_pod = np.bincount(
@@ -294,6 +370,8 @@ class ServingFleet:
         self.serving_count = int(serving.size)
         self._admit(t, serving)
         busy = self._serve(t, serving)
+        if self.preemption:
+            self._preempt(serving)
         kv = self._kv_refresh(serving)
         # Growth past the cache would make vLLM preempt (not modelled): usage reads at most 1.
         # The scaler reads the mean across pods (the vLLM catalog's), the stats the hottest pod.
@@ -361,9 +439,11 @@ class ServingFleet:
             np.maximum.at(busy_end, g, np.minimum(end, dt))
             # TTFT histogram (vLLM observes it when the first token is out).
             ids = self.r_id[order[done]]
+            first = np.isnan(self.first_token_t[ids])  # not again after a preemption
+            ids = ids[first]
             self.prompt_tokens += float(np.sum(self.req.input_tokens[ids]))
             self.generated_tokens += float(np.sum(np.minimum(self.req.output_tokens[ids], 1)))
-            self.first_token_t[ids] = t + end[done]
+            self.first_token_t[ids] = t + end[done][first]
             ttft = self.first_token_t[ids] - self.req.arrivals_s[ids]
             self.h_ttft[self.k] += np.bincount(
                 np.searchsorted(TTFT_BUCKETS, ttft, side="left"),

@@ -66,6 +66,7 @@ class Measures:
     scale_from_zero_s: float
     scale_from_zero_episodes: int
     evictions: int  # pods consolidation evicted (WhenEmptyOrUnderutilized), each restarted
+    preemptions: int = 0  # requests preempted for KV and recomputed (--kv-preemption)
 
 
 def _pct(values: np.ndarray[Any, np.dtype[np.float64]], q: float) -> float:
@@ -102,6 +103,7 @@ def measure(run: PolicyRun, slo_s: float) -> Measures:
         scale_from_zero_s=float(run.zero_waits_s.mean()) if run.zero_waits_s.size else math.nan,
         scale_from_zero_episodes=int(run.zero_waits_s.size),
         evictions=run.evictions,
+        preemptions=run.preemptions,
     )
 
 
@@ -145,6 +147,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
         "node": cfg.profile.node.name,
         "gpus_per_node": cfg.profile.node.gpus,
         "consolidation": cfg.consolidation,
+        "kv_preemption": cfg.preemption,
         "termination_grace_s": cfg.termination_grace_s,
         "seed": cfg.seed,
         "requests": result.requests.count,
@@ -205,6 +208,11 @@ def table(result: BenchResult) -> str:
         "start50/99: pod created -> ready, s (p50/p99 over pods created in the trace); from0: "
         "mean s from a request arriving at zero serving replicas to one serving (episodes)"
     )
+    if cfg.preemption:
+        lines.append(
+            "KV preemption on: requests preempted and recomputed per policy: "
+            + ", ".join(f"{m.name} {m.preemptions}" for m in measures)
+        )
     names = {m.name for m in measures}
     if "keda-prometheus" in names:
         lines.append(

@@ -102,6 +102,10 @@ class SimConfig:
     # run fails (SimulationError): a floor that misses the SLO judges nothing.
     oracle_min_attainment: float = 0.999
     max_replicas: int | None = None  # default: twice the always-on fleet
+    # A pod whose running requests outgrow its KV cache preempts the newest ones, which prefill
+    # again ahead of new requests (vLLM's scheduler, recompute mode); off, the cache reads full
+    # and the overflow is served for free (the default the published figures were made with).
+    preemption: bool = False
     scaler_metadata: Mapping[str, str] = field(default_factory=dict)  # extra trigger keys
     policies: tuple[str, ...] = NAMES
     # Also run the scaler with the Karpenter companion (scaler+companion), and with forecast=on
@@ -152,6 +156,7 @@ class PolicyRun:
     # first arrival at zero serving replicas -> a replica serving, per scale-from-zero episode
     zero_waits_s: FloatArray = field(default_factory=lambda: np.zeros(0))
     evictions: int = 0  # pods WhenEmptyOrUnderutilized consolidation evicted (each restarted)
+    preemptions: int = 0  # requests preempted for KV (SimConfig.preemption), each recomputed
 
     @property
     def queue_wait_s(self) -> FloatArray:
@@ -200,7 +205,9 @@ class Simulation:
         self.n_pre = self.replay.count - requests.count
         self.max_steps = self.pre_steps + self.trace_steps + math.ceil(cfg.drain_s / dt)
         svc, node = cfg.profile.service, cfg.profile.node
-        self.fleet = ServingFleet(self.replay, svc, dt, self.max_steps, cfg.max_wait_s)
+        self.fleet = ServingFleet(
+            self.replay, svc, dt, self.max_steps, cfg.max_wait_s, preemption=cfg.preemption
+        )
         self.cluster = Cluster(
             ClusterConfig(
                 node=node,
@@ -304,6 +311,7 @@ class Simulation:
             replica_starts_s=starts[created, 1] - starts[created, 0],
             zero_waits_s=np.asarray(self.zero_waits, dtype=np.float64),
             evictions=self.cluster.evictions,
+            preemptions=self.fleet.preemptions,
         )
 
 

@@ -172,6 +172,24 @@ def test_cli_replays_a_slice(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert cli.main(["bench", "replay", "--trace", str(TRACE), "--profile", "nope"]) == 2
 
 
+def test_kv_preemption_is_a_replay_option_and_counted_per_policy(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["bench", "replay", "--trace", str(TRACE), "--duration", "120", "--scale", "4",
+            "--cold-start", "120", "--no-progress"]  # fmt: skip
+    assert cli.main([*args, "--json"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert cli.main([*args, "--json", "--kv-preemption"]) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert (off["kv_preemption"], on["kv_preemption"]) == (False, True)
+    assert all(p["preemptions"] == 0 for p in off["policies"])
+    preempted = {p["name"]: p["preemptions"] for p in on["policies"]}
+    assert all(isinstance(n, int) and n >= 0 for n in preempted.values())
+    assert cli.main([*args, "--kv-preemption"]) == 0
+    text = capsys.readouterr().out
+    assert "KV preemption on: requests preempted and recomputed per policy: always-on " in text
+
+
 def test_zero_load_costs_nothing_under_scale_to_zero() -> None:
     # A minute of traffic, then an hour of silence. Under scale-to-zero, the scaler's fleet
     # goes to zero replicas (idle window 300 s, KEDA cooldown 300 s) and its nodes to zero

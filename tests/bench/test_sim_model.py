@@ -281,3 +281,36 @@ def test_profiles_name_their_sources() -> None:
         assert profile.node.gpus in (1, 8)  # a one-GPU shape for small fleets, 8 for large
         assert math.isfinite(profile.node.on_demand_usd_per_hour)
         assert 0 < profile.service.prefill_share(10) < 1
+
+
+def _outgrow(preemption: bool) -> ServingFleet:
+    """Four long prompts that fit one pod's KV cache on admission, then outgrow it decoding."""
+    prompt = SVC.kv_capacity_tokens // 4 - 2000
+    n, steps = 4, 900
+    fleet = ServingFleet(
+        _requests([0.0, 0.1, 0.2, 0.3], [prompt] * n, [6000] * n),
+        SVC,
+        1.0,
+        steps,
+        600.0,
+        preemption=preemption,
+    )
+    for k in range(steps):
+        fleet.step(float(k), np.zeros(1, dtype=np.int64))
+    return fleet
+
+
+def test_a_pod_that_outgrows_its_kv_cache_preempts_its_newest_request_and_recomputes_it() -> None:
+    # vLLM (recompute mode): the most recently scheduled request gives its KV back, waits ahead
+    # of new requests, prefills its prompt and what it had generated again, then finishes. Its
+    # queue wait and first token were counted once; the prompt counter counts it once.
+    free, preempting = _outgrow(False), _outgrow(True)
+    assert free.preemptions == 0 and preempting.preemptions >= 1
+    assert np.isfinite(preempting.finish_t).all() and not preempting.dropped.any()
+    np.testing.assert_array_equal(preempting.first_token_t, free.first_token_t)
+    np.testing.assert_array_equal(preempting.admit_t, free.admit_t)
+    assert preempting.prompt_tokens == free.prompt_tokens == 4 * preempting.req.input_tokens[0]
+    # The newest request pays for the recompute; the oldest never gives its place up.
+    assert preempting.finish_t[3] > free.finish_t[3] + 1.0
+    assert preempting.finish_t[0] <= free.finish_t[0] + 1e-9
+    assert preempting.generated_tokens == pytest.approx(free.generated_tokens)
