@@ -110,19 +110,21 @@ def main() -> None:
     parser = case_parser(__doc__.splitlines()[0], known)
     parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
-        "--kv-preemption", action="store_true", help="KV preemption in the simulated vLLM"
+        "--no-kv-preemption",
+        action="store_true",
+        help="serve the simulated pods' KV overflow for free (the replay's --no-kv-preemption)",
     )
     args = parser.parse_args()
     meta = parse_metadata(args.metadata)
     if meta is None:
         sys.exit(2)
     picked = chosen(parser, args, known, meta)
-    if args.kv_preemption:
-        picked = {n: dataclasses.replace(o, preemption=True) for n, o in picked.items()}
+    if args.no_kv_preemption:
+        picked = {n: dataclasses.replace(o, preemption=False) for n, o in picked.items()}
     results = run_all(run_case, picked, args.jobs)
     print(
         f"seed {args.seed}, cold start {args.cold_start:g} s, metadata {meta or 'none'}"
-        f"{', KV preemption' if args.kv_preemption else ''}"
+        f"{', no KV preemption' if args.no_kv_preemption else ''}"
     )
     print("| case | scaler | / oracle GPU-h | oracle | always-on | wall s |")
     print("|---|--:|--:|--:|--:|--:|")

@@ -86,7 +86,7 @@ def replay_options(args: argparse.Namespace, metadata: dict[str, str]) -> Replay
         companion=args.companion,
         node_price=args.node_price,
         consolidation=args.consolidation,
-        preemption=args.kv_preemption,
+        preemption=not args.no_kv_preemption,
     )
 
 
@@ -233,11 +233,11 @@ def register(sub: Subcommands) -> None:
         "empty nodes (default %(default)s)",
     )
     rp.add_argument(
-        "--kv-preemption",
+        "--no-kv-preemption",
         action="store_true",
-        help="a simulated vLLM pod whose running requests outgrow its KV cache preempts the "
-        "newest ones, which prefill again ahead of new requests (vLLM's recompute mode); "
-        "without it the overflow is served for free",
+        help="serve a simulated vLLM pod's KV-cache overflow for free; by default a pod whose "
+        "running requests outgrow its KV cache preempts the newest ones, which prefill again "
+        "ahead of new requests (vLLM's scheduler, recompute mode)",
     )
     rp.add_argument("--json", action="store_true", help="one JSON object")
     rp.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR (needs matplotlib)")

@@ -52,7 +52,7 @@ class ReplayOptions:
     companion: bool = False
     node_price: float | None = None  # USD per node-hour instead of the profile's on-demand
     consolidation: str = WHEN_UNDERUTILIZED  # the NodePool's consolidationPolicy
-    preemption: bool = False  # KV preemption in the simulated vLLM (SimConfig.preemption)
+    preemption: bool = True  # KV preemption in the simulated vLLM (SimConfig.preemption)
 
 
 FULL_STACK_DURATION_S = 600.0  # trace seconds a full-stack replay takes by default

@@ -116,12 +116,14 @@ class Verdict:
             f"{GOAL_ATTAINMENT:g} where the oracle reaches it (oracle {o.attainment:.4f}): {slo}",
             f"  GPU-hours: {self.ratio:.2f}x the oracle's ({s.gpu_hours:.2f} / "
             f"{o.gpu_hours:.2f}), {cost}",
-            f"  always-on (fixed at the oracle's peak): {s.gpu_hours:.2f} against "
+            f"  vs always-on (fixed at the oracle's peak): {s.gpu_hours:.2f} against "
             f"{f.gpu_hours:.2f} GPU-h at {s.attainment:.4f} / {f.attainment:.4f} within the SLO: "
             f"{fixed}",
         ]
         for name, word, other in self.keda_verdicts():
-            out.append(f"  {name}: {word} ({other.attainment:.4f} / {other.gpu_hours:.2f} GPU-h)")
+            out.append(
+                f"  vs {name}: {word} ({other.attainment:.4f} / {other.gpu_hours:.2f} GPU-h)"
+            )
         return out
 
 

@@ -149,7 +149,7 @@ def test_the_table_states_the_scalers_verdict_against_the_goals(bench: BenchResu
     text = table(bench)
     assert "verdict: the scaler row against the project's goals" in text
     costlier = m["scaler"].gpu_hours > m["always-on"].gpu_hours
-    assert ("always-on (fixed at the oracle's peak)" in text) and (
+    assert ("vs always-on (fixed at the oracle's peak)" in text) and (
         ("MORE GPU-hours: MISSED" in text) == costlier
     )
     ratio = m["scaler"].gpu_hours / m["oracle"].gpu_hours
@@ -172,20 +172,20 @@ def test_cli_replays_a_slice(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert cli.main(["bench", "replay", "--trace", str(TRACE), "--profile", "nope"]) == 2
 
 
-def test_kv_preemption_is_a_replay_option_and_counted_per_policy(
+def test_kv_preemption_is_on_by_default_and_counted_per_policy(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     args = ["bench", "replay", "--trace", str(TRACE), "--duration", "120", "--scale", "4",
             "--cold-start", "120", "--no-progress"]  # fmt: skip
-    assert cli.main([*args, "--json"]) == 0
+    assert cli.main([*args, "--json", "--no-kv-preemption"]) == 0
     off = json.loads(capsys.readouterr().out)
-    assert cli.main([*args, "--json", "--kv-preemption"]) == 0
+    assert cli.main([*args, "--json"]) == 0
     on = json.loads(capsys.readouterr().out)
     assert (off["kv_preemption"], on["kv_preemption"]) == (False, True)
     assert all(p["preemptions"] == 0 for p in off["policies"])
     preempted = {p["name"]: p["preemptions"] for p in on["policies"]}
     assert all(isinstance(n, int) and n >= 0 for n in preempted.values())
-    assert cli.main([*args, "--kv-preemption"]) == 0
+    assert cli.main(args) == 0
     text = capsys.readouterr().out
     assert "KV preemption on: requests preempted and recomputed per policy: always-on " in text
 

@@ -46,7 +46,7 @@ def test_the_demo_trace_costlier_than_always_on_is_printed_as_missed() -> None:
     text = "\n".join(v.lines(2.0))
     assert "goal <= 1.25 on smooth or diurnal traffic: MISSED" in text
     assert "MORE GPU-hours: MISSED" in text
-    assert f"{KEDA_INFLIGHT}: ahead" in text and f"{KEDA_INFLIGHT_BEST}: ahead" in text
+    assert f"vs {KEDA_INFLIGHT}: ahead" in text and f"vs {KEDA_INFLIGHT_BEST}: ahead" in text
     cheaper = judge(CONV, outcomes(Outcome(1.0, 38.0)))
     assert cheaper is not None and cheaper.cheaper_than_always_on and cheaper.cost_met
     assert "no more GPU-hours: met" in "\n".join(cheaper.lines(2.0))
