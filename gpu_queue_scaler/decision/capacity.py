@@ -261,8 +261,8 @@ def queue_term(
     (a closed loop of clients) neither grows nor drains its queue, arrivals equal to its
     throughput within measurement noise, so only a clear surplus (DRAIN_SURPLUS) counts as
     draining, and a queue seen not to shrink does not (`arrivals_seen`). Busy replicas are kept
-    while a queue drains (`running`), and the replicas on their way while the queue they will
-    meet is not empty."""
+    while a queue drains (`running`, up to the ready replicas), and the replicas on their way
+    while the queue they will meet is not empty."""
     arrivals, waiting = signal.arrival_rate, signal.waiting
     if fleet.ready is None or fleet.horizon_s <= 0 or not s or arrivals is None or waiting is None:
         return None
@@ -285,7 +285,10 @@ def queue_term(
         backlog = max(backlog, today)
     drain_s = spec.queue_time_slo_s if spec.queue_time_slo_s is not None else s
     flow = arrivals * s
-    draining = signal.running or 0.0 if waiting >= 1.0 else 0.0
+    # The busy replicas (at most the ready ones: servers batching past targetConcurrency are
+    # still that many replicas, and their overflow is work the flow counts already).
+    draining = min(signal.running or 0.0, fleet.ready * spec.target_concurrency)
+    draining = draining if waiting >= 1.0 else 0.0
     slots = max(flow, draining) + today * s / drain_s + (backlog - today) * s / fleet.horizon_s
     queue = slots / spec.target_concurrency
     floor = float(fleet.ready + fleet.pending) if ahead.pending_meet > 0 else 0.0
@@ -305,6 +308,7 @@ def need(
     per_replica = spec.target_concurrency
     terms: dict[str, float] = {}
     in_flight = signal.in_flight
+    shown_s = service_time(signal, spec)  # the S of the batch the fleet runs now
     if spec.service_time_s is None and operating_s is not None:
         s: float | None = operating_s
         loaded: float | None = operating_s
@@ -353,7 +357,13 @@ def need(
         and signal.ready_pods
         and signal.kv_cache_usage > spec.kv_cache_target
     ):
-        terms["kv_cache"] = signal.ready_pods * signal.kv_cache_usage / spec.kv_cache_target
+        held = signal.ready_pods * signal.kv_cache_usage / spec.kv_cache_target
+        if operating_s is not None and shown_s is not None and shown_s > operating_s:
+            # A batch past the operating point holds each request longer (S grows with the
+            # batch), so it holds more of them, and more KV, at the same arrivals: at the
+            # operating point's S the same arrivals hold that much less.
+            held *= operating_s / shown_s
+        terms["kv_cache"] = held
     for name in [name for name, value in terms.items() if not math.isfinite(value)]:
         del terms[name]  # what is left keeps its order: the first of equal terms names the need
     if not terms:

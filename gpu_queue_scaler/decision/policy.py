@@ -113,6 +113,16 @@ HEADROOM_MAX_DT_S = 60.0
 NODE_RELEASE_MARGIN = 0.1
 
 
+class QueueSeen(NamedTuple):
+    """One observation of the queue (`observe_queue`): when it was observed, the requests
+    waiting and running, at how many ready replicas."""
+
+    at: float
+    waiting: float
+    ready: int
+    running: float
+
+
 class Reason(StrEnum):
     """Which term set the target. A closed set: it is a label on /metrics."""
 
@@ -178,7 +188,7 @@ class PolicyState(NamedTuple):
     panic_peak: int = 0  # the highest target since panic began (0 outside panic)
     # Distinct observations of the queue (observed at, waiting, ready pods) within
     # QUEUE_TREND_WINDOW_S, all at the newest ready count.
-    queue_seen: tuple[tuple[float, float, int], ...] = ()
+    queue_seen: tuple[QueueSeen, ...] = ()
     # The loaded S seen per bucket within SERVICE_TIME_WINDOW_S: (bucket, sum, ticks).
     service_seen: tuple[tuple[int, float, int], ...] = ()
     # Sums for the fit of S against the batch per bucket within SERVICE_FIT_WINDOW_S:
@@ -418,28 +428,34 @@ def scaled_from_zero(spec: WorkloadSpec, state: PolicyState, at: float) -> bool:
     return since is not None and at - since < spec.horizon_s + spec.rate_window_s
 
 
-def observe_queue(
-    seen: tuple[tuple[float, float, int], ...], signal: Signal, at: float
-) -> tuple[tuple[float, float, int], ...]:
+def observe_queue(seen: tuple[QueueSeen, ...], signal: Signal, at: float) -> tuple[QueueSeen, ...]:
     """Add this signal's queue observation if it is a new one (a sample the source had not
     shown before: observed at `at - age_s`), keep those within QUEUE_TREND_WINDOW_S, and start
     over when the ready count changes (a different fleet drains at a different pace)."""
     if signal.waiting is None or signal.ready_pods is None:
         return seen
     observed_at = at - (signal.age_s or 0.0)
-    if seen and seen[-1][2] != signal.ready_pods:
+    if seen and seen[-1].ready != signal.ready_pods:
         seen = ()
-    if seen and observed_at <= seen[-1][0] + TICK_TOLERANCE_S:
+    if seen and observed_at <= seen[-1].at + TICK_TOLERANCE_S:
         return seen
-    kept = tuple(p for p in seen if _within(p[0], observed_at - QUEUE_TREND_WINDOW_S))
-    return (*kept, (observed_at, signal.waiting, signal.ready_pods))
+    kept = tuple(p for p in seen if _within(p.at, observed_at - QUEUE_TREND_WINDOW_S))
+    here = QueueSeen(observed_at, signal.waiting, signal.ready_pods, signal.running or 0.0)
+    return (*kept, here)
 
 
-def queue_trend(seen: tuple[tuple[float, float, int], ...]) -> float | None:
-    """Requests per second the queue grew over the observations, once they span enough time."""
-    if len(seen) < 2 or seen[-1][0] - seen[0][0] < QUEUE_TREND_MIN_SPAN_S:
+def queue_trend(seen: tuple[QueueSeen, ...]) -> float | None:
+    """Requests per second arrivals added to the queue over the observations, once they span
+    enough time: the waiting count's growth, less what running requests fell by meanwhile. A
+    server whose KV cache is full preempts running requests back into its queue (vLLM counts
+    them as waiting), which grows the queue by no arrival at all; read as arrivals, it sizes
+    for a surge that is not there. Running requests that grow are not counted either: a batch
+    whose requests slow down as it grows holds more of them at the same arrivals."""
+    if len(seen) < 2 or seen[-1].at - seen[0].at < QUEUE_TREND_MIN_SPAN_S:
         return None
-    return (seen[-1][1] - seen[0][1]) / (seen[-1][0] - seen[0][0])
+    first, last = seen[0], seen[-1]
+    added = last.waiting - first.waiting + min(0.0, last.running - first.running)
+    return added / (last.at - first.at)
 
 
 def fleet(
@@ -447,7 +463,7 @@ def fleet(
     signal: Signal,
     state: PolicyState,
     at: float,
-    seen: tuple[tuple[float, float, int], ...],
+    seen: tuple[QueueSeen, ...],
 ) -> capacity.Fleet:
     """Replicas asked for within the horizon and not yet ready (the highest target this scaler
     returned within the horizon, less the ready pods the signal counts), and when they are

@@ -445,7 +445,10 @@ def run_bench(
     notes: list[str] = []
     runs: dict[str, PolicyRun] = {}
     if "oracle" in cfg.policies:
-        runs["oracle"], need = _oracle(requests, cfg, need, lead, origin, initial, progress)
+        runs["oracle"], need, start = _oracle(
+            requests, cfg, need, lead, origin, initial, warm_steps, progress
+        )
+        initial = max(initial, start)
     # The (refined) need on the trace's clock and the pre-roll before it: what the reactive
     # bound reads, and what the result carries for `bench/reactive_bound.py`.
     trace_need, preroll_s = need[pre_steps:], pre_steps * dt
@@ -533,15 +536,24 @@ def _oracle(
     lead: int,
     origin: float,
     initial: int,
+    warm_steps: int,
     progress: Progress | None,
-) -> tuple[PolicyRun, IntArray]:
+) -> tuple[PolicyRun, IntArray, int]:
     """The oracle's run, its need refined (`bump_need`) where a request was late until it meets
     `cfg.oracle_min_attainment` with nothing dropped (at most `oracle_iterations` times); it
-    must, or the bench fails its own sanity check."""
+    must, or the bench fails its own sanity check. Also the starting fleet for the other
+    policies: the refined need's over the pre-roll's first `warm_steps`. A start sized on the
+    unrefined need is short wherever refinement raised it (KV preemption does, on long
+    contexts), and a scaler measuring that shortfall as lateness in its first minutes learns a
+    headroom for a fleet it never sized. The oracle itself starts on `initial`, the smaller
+    fleet: a floor from a shorter start is still a floor, and one started above the trace's
+    peak would pay for more than the always-on fleet sized for that peak."""
     dt = cfg.dt
     run: PolicyRun | None = None
+    start = initial
     for i in range(max(1, cfg.oracle_iterations + 1)):
         schedule = oracle_schedule(need, lead)
+        start = max(start, int(schedule[:warm_steps].max()))
         oracle = Oracle(schedule, dt, origin_s=origin, grace_s=cfg.termination_grace_s)
         run = simulate(oracle, requests, cfg, initial, progress)
         late = _late_steps(run, cfg.slo_s, dt, origin)
@@ -561,7 +573,7 @@ def _oracle(
             f"(needs >= {cfg.oracle_min_attainment}) with {dropped} dropped after "
             f"{cfg.oracle_iterations} refinements{first}: not a floor that meets the SLO"
         )
-    return run, need
+    return run, need, start
 
 
 def companion_rows(cfg: SimConfig, metadata: Mapping[str, str]) -> dict[str, Callable[[], Policy]]:

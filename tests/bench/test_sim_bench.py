@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import sys
 from dataclasses import replace
@@ -18,6 +19,7 @@ import pytest
 from gpu_queue_scaler import cli
 from gpu_queue_scaler.decision import decider as decider_module
 from gpu_queue_scaler_bench.sim import policies
+from gpu_queue_scaler_bench.sim import run as sim_run
 from gpu_queue_scaler_bench.sim.policies import NAMES
 from gpu_queue_scaler_bench.sim.profiles import get_profile
 from gpu_queue_scaler_bench.sim.report import checks, measure, table, to_json
@@ -73,6 +75,28 @@ def test_no_policy_beats_the_oracle(bench: BenchResult) -> None:
         if m.slo_attainment >= oracle.slo_attainment:
             assert m.gpu_hours >= oracle.gpu_hours - 1e-9, m.name
     assert not [c for c in checks(measures) if "not minimal" in c]
+
+
+def test_the_starting_fleet_covers_the_oracles_refined_need() -> None:
+    """Every policy starts on the fleet the oracle's (refined) need asks for over the pre-roll:
+    a start sized before refinement is short wherever refinement raised the need, and a scaler
+    would learn headroom from lateness its own sizing never caused."""
+    requests = build_requests(load_trace(TRACE), scale=2.0, seed=0, duration_s=120.0)
+    cfg = replace(CONFIG, policies=("oracle",), warm_window_s=60.0)
+    dt, lead = cfg.dt, math.ceil(cfg.cold_start_s / cfg.dt) + 1
+    warm = math.ceil(cfg.warm_window_s / dt)
+    need = sim_run.oracle_need(
+        sim_run.with_preroll(requests, warm * dt),
+        cfg.profile.service,
+        dt,
+        warm + math.ceil(requests.duration_s / dt) + math.ceil(cfg.drain_s / dt),
+        sim_run.replica_slots(requests, cfg.profile.service),
+        origin_s=-warm * dt,
+        slo_s=cfg.slo_s,
+    )
+    _, refined, initial = sim_run._oracle(requests, cfg, need, lead, -warm * dt, 1, warm, None)
+    assert initial > 1
+    assert initial >= int(sim_run.oracle_schedule(refined, lead)[:warm].max())
 
 
 def test_the_scaler_policy_calls_the_real_decide(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -120,6 +120,33 @@ def test_a_queue_the_fleet_drains_before_a_new_replica_arrives_asks_for_nothing_
     assert reactive is not None and reactive.replicas == pytest.approx(132 / 8)
 
 
+def test_servers_batching_past_the_target_keep_the_ready_replicas_not_more():
+    # 4 ready pods run 12 each against a target of 8 while 2 wait; arrivals (6 req/s at S = 2 s)
+    # are within the 16 req/s they complete. The busy replicas kept while the queue drains are
+    # the 4 that are ready, not 48 / 8 = 6: the overflow is the servers' batching, not demand.
+    spec = CapacitySpec(target_concurrency=8)
+    found = need(
+        signal(running=48, waiting=2, arrival_rate=6.0, service_time_s=2.0),
+        spec,
+        Fleet(horizon_s=210, ready=4),
+    )
+    assert found is not None
+    assert found.terms["queue"] == pytest.approx(4.0)
+
+
+def test_kv_pressure_is_read_at_the_operating_points_service_time():
+    # 4 pods at 95% KV against a 0.8 target hold 4.75 replicas of KV now, at the S their big
+    # batch shows (10 s); at the operating point's S (8 s) the same arrivals hold a fifth less.
+    # An S shown below the operating point's leaves the term as it reads.
+    spec = CapacitySpec(target_concurrency=16, kv_cache_target=0.8)
+    big = signal(running=60, waiting=0, kv_cache_usage=0.95, ready_pods=4, service_time_s=10.0)
+    slowed = need(big, spec, operating_s=8.0)
+    assert slowed is not None
+    assert slowed.terms["kv_cache"] == pytest.approx(4 * 0.95 / 0.8 * 8.0 / 10.0)
+    quick = need(big, spec, operating_s=12.0)
+    assert quick is not None and quick.terms["kv_cache"] == pytest.approx(4 * 0.95 / 0.8)
+
+
 def test_queue_term_needs_a_service_time_known_under_load():
     spec = CapacitySpec(target_concurrency=8)
     unknown = Fleet(horizon_s=210, ready=2)  # neither reported nor configured, and queued

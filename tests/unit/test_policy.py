@@ -9,7 +9,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpu_queue_scaler.decision.outlook import Outlook
-from gpu_queue_scaler.decision.policy import Decision, PolicyState, Reason, decide, hold
+from gpu_queue_scaler.decision.policy import (
+    Decision,
+    PolicyState,
+    QueueSeen,
+    Reason,
+    decide,
+    hold,
+    queue_trend,
+)
 from gpu_queue_scaler.settings.config import Config
 from gpu_queue_scaler.settings.spec import WorkloadSpec, resolve
 from gpu_queue_scaler.settings.trigger import parse_trigger
@@ -703,6 +711,26 @@ def test_a_queue_seen_to_drain_at_the_modelled_pace_is_draining() -> None:
         targets.append(decision.replicas)
         waiting = max(0.0, waiting - (2 / 0.4666 - 2.0))
     assert targets == [1] * 6
+
+
+def test_requests_preempted_into_the_queue_are_not_read_as_arrivals() -> None:
+    """A server whose KV cache fills preempts running requests back into its queue (vLLM counts
+    them as waiting): the queue grows by what running lost, which no arrival added; read as
+    arrivals it would size for a surge. The same growth with running unchanged is arrivals, and
+    running requests that grow (a batch slowing down holds more) are not counted either."""
+
+    def trend(moves: list[tuple[float, float]]) -> float | None:
+        return queue_trend(
+            tuple(
+                QueueSeen(T0 + 5 * i, waiting, 40, running)
+                for i, (running, waiting) in enumerate(moves)
+            )
+        )
+
+    assert trend([(3400.0, 4.0), (3300.0, 104.0), (3200.0, 204.0)]) == pytest.approx(0.0)
+    assert trend([(3400.0, 4.0), (3400.0, 104.0), (3400.0, 204.0)]) == pytest.approx(20.0)
+    assert trend([(3400.0, 4.0), (3600.0, 4.0), (3800.0, 54.0)]) == pytest.approx(5.0)
+    assert trend([(3400.0, 4.0)]) is None  # one observation spans no time
 
 
 def test_panic_enters_when_need_outruns_what_was_asked_and_holds_60s() -> None:
