@@ -131,8 +131,8 @@ def _revision() -> str:
 def main(index: str, nproc: str) -> None:
     runs: list[tuple[Path, int, str, dict[str, Any]]] = []
     for line in Path(index).read_text().splitlines():
-        path, seconds, command = line.split("\t", 2)
-        runs.append((Path(path), int(seconds), command, json.loads(Path(path).read_text())))
+        name, wall, command_line = line.split("\t", 2)
+        runs.append((Path(name), int(wall), command_line, json.loads(Path(name).read_text())))
     today = datetime.datetime.now(datetime.UTC).date().isoformat()
     ran = {p["name"] for *_, found in runs for p in found["policies"]}
     policies = [name for name in POLICIES if name in ran]
