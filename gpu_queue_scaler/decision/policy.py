@@ -607,20 +607,6 @@ def decide(
             detail += f" -> {covered}"
         if covered > target:
             target, reason = covered, Reason.FORECAST
-    # 2b. A scale-up on its way is kept until it serves: the replicas asked within the horizon
-    #    and not yet ready. Asked for a queue that is gone a tick later, cancelled and asked
-    #    again when it returns, they would start their cold start over each time; kept, the
-    #    most they cost is the rest of a cold start, and the window decides once they serve.
-    #    Not while the forecast is read: its q90 over the horizon already covers what is on
-    #    its way, and holding each of its asks for a horizon too would keep the highest q90 of
-    #    a horizon, a ramp's every overshoot.
-    if ahead is None and ahead_of.pending > 0 and ahead_of.asked > target:
-        target, reason = ahead_of.asked, Reason.STABILIZATION
-        if explain:
-            detail += (
-                f"; kept at the {ahead_of.asked} asked until they serve "
-                f"(in {ahead_of.pending_in_s:.0f}s)"
-            )
     # 3. Panic: demand outran what was asked for (panicThreshold x the replicas asked within
     #    the horizon) or, with forecasting, the forecast's q90 by more than a replica. Like
     #    Knative's panic mode, the target is the need at face value and never falls while panic

@@ -225,36 +225,6 @@ def test_scale_down_keeps_a_replica_through_a_gap_shorter_than_a_cold_start(
     assert long[-1][1] == 3
 
 
-def test_a_scale_up_on_its_way_is_kept_until_it_serves() -> None:
-    """Replicas asked for a queue that is gone a tick later stay asked until they serve (here
-    the horizon: coldStartSeconds 60 + pollingIntervalSeconds 15), even with no scale-down
-    window: cancelled, they would start their cold start over when the queue returns. Once they
-    serve, or the horizon passes without them, the need alone sets the target again."""
-    spec = make_spec(
-        coldStartSeconds=60, pollingIntervalSeconds=15, scaleDownStabilizationSeconds=0
-    )
-    state = PolicyState()
-
-    def tick(second: float, waiting: float, ready: int) -> Decision:
-        nonlocal state
-        signal = Signal(
-            at=T0 + second, source="test", running=8.0, waiting=waiting, ready_pods=ready
-        )
-        decision, state = decide(spec, signal, state, T0 + second, STALE)
-        assert decision is not None
-        return decision
-
-    assert tick(0, 0.0, 1).replicas == 1
-    assert tick(5, 16.0, 1).replicas == 3  # a queue: 24 in flight / 8
-    kept = tick(10, 0.0, 1)  # the queue is gone, the two asked are on their way
-    assert (kept.replicas, kept.reason) == (3, Reason.STABILIZATION)
-    assert "kept at the 3 asked until they serve (in 70s)" in kept.detail
-    assert tick(75, 0.0, 1).replicas == 3
-    assert tick(81, 0.0, 1).replicas == 1  # a horizon after the ask: the need alone
-    assert tick(86, 16.0, 1).replicas == 3
-    assert tick(91, 0.0, 3).replicas == 1  # served: the need alone (no window here)
-
-
 def test_a_scale_down_window_the_user_sets_is_kept() -> None:
     # scaleDownStabilizationSeconds given (here shorter than the horizon) is the user's choice.
     spec = make_spec(coldStartSeconds=600, scaleDownStabilizationSeconds=120)
