@@ -285,10 +285,10 @@ def queue_term(
         backlog = max(backlog, today)
     drain_s = spec.queue_time_slo_s if spec.queue_time_slo_s is not None else s
     flow = arrivals * s
-    # The busy replicas (at most the ready ones: servers batching past targetConcurrency are
-    # still that many replicas, and their overflow is work the flow counts already).
-    draining = min(signal.running or 0.0, fleet.ready * spec.target_concurrency)
-    draining = draining if waiting >= 1.0 else 0.0
+    # The busy replicas while a queue waits (at most the ready ones: servers batching past
+    # targetConcurrency are still that many replicas; their overflow is in the flow already).
+    busy = min(signal.running or 0.0, fleet.ready * spec.target_concurrency)
+    draining = busy if waiting >= 1.0 else 0.0
     slots = max(flow, draining) + today * s / drain_s + (backlog - today) * s / fleet.horizon_s
     queue = slots / spec.target_concurrency
     floor = float(fleet.ready + fleet.pending) if ahead.pending_meet > 0 else 0.0
@@ -308,7 +308,6 @@ def need(
     per_replica = spec.target_concurrency
     terms: dict[str, float] = {}
     in_flight = signal.in_flight
-    shown_s = service_time(signal, spec)  # the S of the batch the fleet runs now
     if spec.service_time_s is None and operating_s is not None:
         s: float | None = operating_s
         loaded: float | None = operating_s
@@ -358,6 +357,7 @@ def need(
         and signal.kv_cache_usage > spec.kv_cache_target
     ):
         held = signal.ready_pods * signal.kv_cache_usage / spec.kv_cache_target
+        shown_s = service_time(signal, spec)  # the S of the batch the fleet runs now
         if operating_s is not None and shown_s is not None and shown_s > operating_s:
             # A batch past the operating point holds each request longer (S grows with the
             # batch), so it holds more of them, and more KV, at the same arrivals: at the

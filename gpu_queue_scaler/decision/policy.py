@@ -186,8 +186,8 @@ class PolicyState(NamedTuple):
     raised_at: float | None = None  # when the target last rose: replicas asked from then on
     panic_until: float | None = None
     panic_peak: int = 0  # the highest target since panic began (0 outside panic)
-    # Distinct observations of the queue (observed at, waiting, ready pods) within
-    # QUEUE_TREND_WINDOW_S, all at the newest ready count.
+    # Distinct observations of the queue (`QueueSeen`) within QUEUE_TREND_WINDOW_S, all at
+    # the newest ready count.
     queue_seen: tuple[QueueSeen, ...] = ()
     # The loaded S seen per bucket within SERVICE_TIME_WINDOW_S: (bucket, sum, ticks).
     service_seen: tuple[tuple[int, float, int], ...] = ()

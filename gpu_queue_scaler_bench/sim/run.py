@@ -441,7 +441,7 @@ def run_bench(
     replayed = with_preroll(requests, -origin)
     need = oracle_need(replayed, svc, dt, timeline, slots, origin_s=origin, slo_s=cfg.slo_s)
     warm_steps = max(1, pre_steps)
-    initial = max(1, int(oracle_schedule(need, lead)[:warm_steps].max()))
+    initial = starting_fleet(need, lead, warm_steps)
     notes: list[str] = []
     runs: dict[str, PolicyRun] = {}
     if "oracle" in cfg.policies:
@@ -550,10 +550,8 @@ def _oracle(
     peak would pay for more than the always-on fleet sized for that peak."""
     dt = cfg.dt
     run: PolicyRun | None = None
-    start = initial
     for i in range(max(1, cfg.oracle_iterations + 1)):
         schedule = oracle_schedule(need, lead)
-        start = max(start, int(schedule[:warm_steps].max()))
         oracle = Oracle(schedule, dt, origin_s=origin, grace_s=cfg.termination_grace_s)
         run = simulate(oracle, requests, cfg, initial, progress)
         late = _late_steps(run, cfg.slo_s, dt, origin)
@@ -573,7 +571,14 @@ def _oracle(
             f"(needs >= {cfg.oracle_min_attainment}) with {dropped} dropped after "
             f"{cfg.oracle_iterations} refinements{first}: not a floor that meets the SLO"
         )
-    return run, need, start
+    # Refinement only raises the need, so its last schedule covers every earlier one.
+    return run, need, max(initial, starting_fleet(need, lead, warm_steps))
+
+
+def starting_fleet(need: IntArray, lead: int, warm_steps: int) -> int:
+    """The replicas the oracle's schedule for `need` holds over the pre-roll's first
+    `warm_steps`: the fleet every run starts warm on."""
+    return max(1, int(oracle_schedule(need, lead)[:warm_steps].max()))
 
 
 def companion_rows(cfg: SimConfig, metadata: Mapping[str, str]) -> dict[str, Callable[[], Policy]]:
