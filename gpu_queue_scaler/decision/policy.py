@@ -14,9 +14,10 @@ The rule, in the order `decide` applies it (each step names itself as the decisi
    replica holding targetConcurrency requests), fitted against the batch from the servers' own
    counters (`operating_service_time`), not the S the fleet's current size produces (while a
    scale from zero waits for its first replica with no fit and no S, the mean S last seen); and the
-   need carries a headroom set in closed loop on the attainment measured
-   (`closed_loop_headroom`: the share of requests late past queueTimeSloSeconds, read from
-   the queue time's mean and p99, against 1 - sloAttainment);
+   need's flow (not the drain of a backlog, a known quantity) carries a headroom set in closed
+   loop on the attainment measured (`closed_loop_headroom`: the share of requests late past
+   queueTimeSloSeconds, read from the queue time's mean and p99, against 1 - sloAttainment;
+   what lateness taught while replicas were on their way fades once they serve);
 2. current_need / stabilization: the target is ceil(need); it rises at once, and falls only to
    the highest need seen within scaleDownStabilizationSeconds;
 3. forecast: with `forecast: on`, the target also covers the q90 forecast of demand within the
@@ -105,6 +106,13 @@ HEADROOM_GAIN_PER_S = 1e-4
 HEADROOM_RISE_MAX_PER_S = 0.005
 HEADROOM_MAX = 1.6
 HEADROOM_MAX_DT_S = 60.0
+# Lateness measured while replicas asked for are on their way, or within a rate window after
+# (`catching_up`), is a ramp that outran the cold start. The loop learns it at the same pace (a
+# burst that recurs soon finds the headroom: on bursty traffic the next one comes within
+# minutes), but keeps it apart (`PolicyState.surge_log`) and, once the fleet has caught up, lets
+# it fade with this time constant instead of the integral's hour: a single ramp otherwise held
+# x1.6 for the next hour, on a fleet already sized (bench/results/decision.md).
+SURGE_MEMORY_S = 900.0
 # With replicasPerNode > 1, a scale-down that empties a node keeps it while the replicas needed
 # are more than (1 - NODE_RELEASE_MARGIN) of those left: the need read tick by tick swings by
 # 10-30% on steady traffic, so a node released at 99% of the fleet left is asked for again on
@@ -196,11 +204,13 @@ class PolicyState(NamedTuple):
     service_fit: tuple[tuple[int, int, float, float, float, float], ...] = ()
     # log(headroom) of the closed loop on measured attainment, and the tick it was last moved.
     headroom_log: float = 0.0
+    surge_log: float = 0.0  # the part of headroom_log learnt while catching up (SURGE_MEMORY_S)
     headroom_at: float | None = None
     # The last tick whose stabilization window held no need (`forecast: wake` reads the
     # forecast from then until a horizon later).
     quiet_at: float | None = None
     unserved_at: float | None = None  # the last tick with no replica ready (a scale from zero)
+    short_at: float | None = None  # the last tick with replicas asked for and not yet ready
 
 
 def _within(t: float, start: float) -> bool:
@@ -400,25 +410,32 @@ def late_share(mean_s: float, p99_s: float, slo_s: float) -> float:
 
 
 def closed_loop_headroom(
-    spec: WorkloadSpec, signal: Signal, state: PolicyState, at: float
-) -> tuple[float, float | None]:
-    """The next log(headroom) and this tick's estimated late share (None: not measured: no
-    queueTimeSloSeconds, or no queue-time mean and p99). See HEADROOM_GAIN_PER_S. It moves
-    slowly and is not replayed tick for tick (not in `policy_memory_s`): a replica that just
-    started holds the headroom it learns from then on, as with the forecaster's warm start."""
+    spec: WorkloadSpec, signal: Signal, state: PolicyState, at: float, short_at: float | None
+) -> tuple[float, float, float | None]:
+    """The next log(headroom), the part of it learnt while catching up (`PolicyState.surge_log`),
+    and this tick's estimated late share (None: not measured: no queueTimeSloSeconds, or no
+    queue-time mean and p99). See HEADROOM_GAIN_PER_S and SURGE_MEMORY_S. It moves slowly and
+    is not replayed tick for tick (not in `policy_memory_s`): a replica that just started holds
+    the headroom it learns from then on, as with the forecaster's warm start."""
     slo = spec.capacity.queue_time_slo_s
     mean, p99 = signal.queue_time_mean_s, signal.queue_time_p99_s
     if slo is None or mean is None or p99 is None or not math.isfinite(mean + p99):
-        return state.headroom_log, None
+        return state.headroom_log, state.surge_log, None
     late = late_share(mean, p99, slo)
     if scaled_from_zero(spec, state, at):
-        return state.headroom_log, late
+        return state.headroom_log, state.surge_log, late
     last = state.headroom_at
-    dt = min(HEADROOM_MAX_DT_S, at - last) if last is not None else 0.0
+    dt = max(0.0, min(HEADROOM_MAX_DT_S, at - last)) if last is not None else 0.0
     allowed = 1.0 - spec.capacity.slo_attainment
-    rate = min(HEADROOM_RISE_MAX_PER_S, HEADROOM_GAIN_PER_S * (late - allowed) / allowed)
-    moved = state.headroom_log + rate * max(0.0, dt)
-    return min(math.log(HEADROOM_MAX), max(0.0, moved)), late
+    moved = dt * min(HEADROOM_RISE_MAX_PER_S, HEADROOM_GAIN_PER_S * (late - allowed) / allowed)
+    steady, surge = state.headroom_log - state.surge_log, state.surge_log
+    if catching_up(spec, short_at, at):
+        surge = max(0.0, surge + moved)
+    else:
+        steady = max(0.0, steady + moved)
+        surge *= math.exp(-dt / SURGE_MEMORY_S)
+    total = min(math.log(HEADROOM_MAX), steady + surge)
+    return total, min(surge, total), late
 
 
 def scaled_from_zero(spec: WorkloadSpec, state: PolicyState, at: float) -> bool:
@@ -426,6 +443,12 @@ def scaled_from_zero(spec: WorkloadSpec, state: PolicyState, at: float) -> bool:
     measured now is a scale from zero's (see HEADROOM_GAIN_PER_S)."""
     since = state.unserved_at
     return since is not None and at - since < spec.horizon_s + spec.rate_window_s
+
+
+def catching_up(spec: WorkloadSpec, short_at: float | None, at: float) -> bool:
+    """Replicas asked for were on their way within a rate window before `at` (`short_at`: the
+    last tick they were, this one included): the queue time measured now is the cold start's."""
+    return short_at is not None and at - short_at < spec.rate_window_s
 
 
 def observe_queue(seen: tuple[QueueSeen, ...], signal: Signal, at: float) -> tuple[QueueSeen, ...]:
@@ -532,12 +555,15 @@ def decide(
         reasons = faults + signal.reasons
         return hold(state, at, stale_s, reasons or ("no in-flight or arrival signal",)), state
 
-    headroom_log, late = closed_loop_headroom(spec, signal, state, at)
+    short_at = at if ahead_of.pending > 0 else state.short_at
+    headroom_log, surge_log, late = closed_loop_headroom(spec, signal, state, at, short_at)
     headroom = math.exp(headroom_log)
-    # The headroom covers demand; the replicas on their way the queue keeps are a floor as
-    # they are (`capacity.Need.floor`).
+    # The headroom covers the flow, what is uncertain; the replicas that drain today's backlog
+    # (known) count once, and those on their way the queue keeps are a floor as they are
+    # (`capacity.Need.floor`).
     demand = required.demand if required.demand is not None else required.replicas
-    need = max(demand * headroom, required.floor)
+    flow = min(required.steady, demand)
+    need = max(flow * headroom + (demand - flow), required.floor)
     now_replicas = max(0, math.ceil(need - EPSILON))
     # The S that stood in is kept too: it carries the mean through the cold start, so the first
     # few completions of the replicas that come up (the short requests end first) do not set it.
@@ -587,6 +613,11 @@ def decide(
             measured = "late share not measured now" if late is None else f"{late:.1%} late"
             if late and scaled_from_zero(spec, state, at):
                 measured += ", a scale from zero's: not learnt"
+            if surge_log > 0.005:
+                measured += (
+                    f"; x{math.exp(surge_log):.2f} of it learnt while replicas were on their way, "
+                    f"fading over {SURGE_MEMORY_S:g}s once they serve"
+                )
             detail += (
                 f" x headroom {headroom:.2f} ({measured}; allowed "
                 f"{1.0 - spec.capacity.slo_attainment:.1%} by sloAttainment)"
@@ -717,7 +748,9 @@ def decide(
         service_seen=service_seen,
         service_fit=service_fit,
         headroom_log=headroom_log,
+        surge_log=surge_log,
         headroom_at=at if late is not None else state.headroom_at,
         quiet_at=quiet_at,
         unserved_at=at if signal.ready_pods == 0 else state.unserved_at,  # None: unknown
+        short_at=short_at,
     )

@@ -1226,6 +1226,69 @@ def test_the_waits_of_a_scale_from_zero_are_not_learnt_as_headroom() -> None:
     assert served > 1.1
 
 
+def test_a_surges_lateness_is_forgotten_once_the_fleet_catches_up_and_steady_lateness_is_not() -> (
+    None
+):
+    """Two minutes of the same lateness (30% of requests past the SLO), then thirty on time with
+    the fleet at its size. Late while replicas asked for were on their way (a ramp outran the
+    cold start), the loop learns as much, so a burst that recurs soon finds the headroom; but
+    that part fades over SURGE_MEMORY_S once the fleet has caught up: a single ramp does not
+    hold x1.4 for the next hour. Late on a fleet at the size asked (the need is read short),
+    the headroom stays, unlearnt only by the integral's slow pace."""
+    spec = make_spec(
+        queueTimeSloSeconds=2, coldStartSeconds=180, pollingIntervalSeconds=30, maxReplicas=40
+    )
+    late_times, on_time = plant_queue_times(0.5), plant_queue_times(0.0)
+
+    def run(ready_while_late: int) -> tuple[float, float, str]:
+        state, made = PolicyState(), None
+        for i in range(192):
+            at = T0 + 10.0 * i
+            mean, p99 = late_times if i < 12 else on_time
+            ready = ready_while_late if i < 12 else 20
+            signal = Signal(at, "t", running=80.0, waiting=0.0, ready_pods=ready,
+                            queue_time_mean_s=mean, queue_time_p99_s=p99)  # fmt: skip
+            made, state = decide(spec, signal, state, at, STALE)
+            if i == 11:
+                learnt = math.exp(state.headroom_log)
+                assert made is not None
+                detail = made.detail
+        return learnt, math.exp(state.headroom_log), detail
+
+    surge_learnt, surge_left, detail = run(ready_while_late=5)  # 10 needed, 5 serving
+    steady_learnt, steady_left, _ = run(ready_while_late=20)  # 10 needed, 20 serving
+    assert surge_learnt > 1.25 and steady_learnt == pytest.approx(surge_learnt, abs=0.05)
+    assert "learnt while replicas were on their way" in detail
+    assert surge_left < 1.06  # x1.37 * exp(-1800 / 900), less the integral's pace
+    assert steady_left > 1.1  # the integral alone: ~20% off in 30 minutes
+    assert surge_left - 1.0 < 0.5 * (steady_left - 1.0)
+
+
+def test_the_headroom_covers_the_flow_and_not_the_drain_of_a_backlog() -> None:
+    """A backlog is a known quantity: the replicas that drain it within the SLO are counted once.
+    The headroom covers what is uncertain, the arrivals to come; multiplied onto the drain too, a
+    ramp that outran the cold start (a backlog and a headroom raised by its lateness at once)
+    asked for several nodes more than either needs."""
+    spec = make_spec(
+        coldStartSeconds=180,
+        pollingIntervalSeconds=30,
+        queueTimeSloSeconds=2,
+        maxReplicas=500,
+        serviceTimeSeconds=5,
+    )
+    signal = Signal(
+        at=T0, source="t", running=200.0, waiting=900.0, arrival_rate=70.0, ready_pods=24
+    )
+    needs = {}
+    for headroom in (1.0, 1.5):
+        made, _ = decide(spec, signal, PolicyState(headroom_log=math.log(headroom)), T0, STALE)
+        assert made is not None and made.need is not None
+        needs[headroom] = made.need
+    flow = 70.0 * 5.0 / 8.0  # arrivals x S / targetConcurrency
+    assert needs[1.0] > flow + 5.0  # the backlog's drain is in the need
+    assert needs[1.5] - needs[1.0] == pytest.approx(0.5 * flow)
+
+
 @pytest.mark.parametrize(
     ("waiting_share", "slo_s"), [(0.5, 2.0), (0.2, 1.0), (1.0, 3.0), (0.05, 8.0), (0.02, 0.5)]
 )
