@@ -432,23 +432,16 @@ def run_bench(
     trace_steps = math.ceil(requests.duration_s / dt)
     svc = cfg.profile.service
     slots = replica_slots(requests, svc)
-    lead = math.ceil(cfg.cold_start_s / dt) + 1
-    # The oracle's timeline is the simulation's: the pre-roll, the trace, the drain; so the
-    # warm-up's requests still in flight at t = 0, and the trace's last ones, are in its need.
-    pre_steps = math.ceil(min(cfg.warm_window_s, requests.duration_s) / dt)
-    origin = -pre_steps * dt
-    timeline = pre_steps + trace_steps + math.ceil(cfg.drain_s / dt)
-    replayed = with_preroll(requests, -origin)
-    need = oracle_need(replayed, svc, dt, timeline, slots, origin_s=origin, slo_s=cfg.slo_s)
+    plan = oracle_plan(requests, cfg)
+    need, lead, pre_steps = plan.need, plan.lead, plan.pre_steps
     warm_steps = max(1, pre_steps)
     initial = starting_fleet(need, lead, warm_steps)
     notes: list[str] = []
     runs: dict[str, PolicyRun] = {}
     if "oracle" in cfg.policies:
-        runs["oracle"], need, start = _oracle(
-            requests, cfg, need, lead, origin, initial, warm_steps, progress
-        )
-        initial = max(initial, start)
+        runs["oracle"], need = _oracle(requests, cfg, plan, initial, progress)
+        # Refinement only raises the need, so the refined schedule's start covers the first.
+        initial = max(initial, starting_fleet(need, lead, warm_steps))
     # The (refined) need on the trace's clock and the pre-roll before it: what the reactive
     # bound reads, and what the result carries for `bench/reactive_bound.py`.
     trace_need, preroll_s = need[pre_steps:], pre_steps * dt
@@ -529,26 +522,54 @@ def run_bench(
     )
 
 
+@dataclass(frozen=True)
+class OraclePlan:
+    """The oracle's exact need before refinement, on the simulation's timeline: the pre-roll,
+    the trace, the drain; so the warm-up's requests still in flight at t = 0, and the trace's
+    last ones, are in it."""
+
+    need: IntArray  # replicas per step from `origin_s`
+    lead: int  # steps from asking for a replica to it serving (a cold start and a step)
+    pre_steps: int  # the pre-roll's steps before t = 0
+    origin_s: float  # the timeline's first step, on the trace's clock (-pre_steps x dt)
+
+
+def oracle_plan(requests: Requests, cfg: SimConfig) -> OraclePlan:
+    """See `OraclePlan`."""
+    dt = cfg.dt
+    pre_steps = math.ceil(min(cfg.warm_window_s, requests.duration_s) / dt)
+    origin = -pre_steps * dt
+    timeline = pre_steps + math.ceil(requests.duration_s / dt) + math.ceil(cfg.drain_s / dt)
+    svc = cfg.profile.service
+    need = oracle_need(
+        with_preroll(requests, -origin),
+        svc,
+        dt,
+        timeline,
+        replica_slots(requests, svc),
+        origin_s=origin,
+        slo_s=cfg.slo_s,
+    )
+    return OraclePlan(need, math.ceil(cfg.cold_start_s / dt) + 1, pre_steps, origin)
+
+
 def _oracle(
     requests: Requests,
     cfg: SimConfig,
-    need: IntArray,
-    lead: int,
-    origin: float,
+    plan: OraclePlan,
     initial: int,
-    warm_steps: int,
     progress: Progress | None,
-) -> tuple[PolicyRun, IntArray, int]:
-    """The oracle's run, its need refined (`bump_need`) where a request was late until it meets
-    `cfg.oracle_min_attainment` with nothing dropped (at most `oracle_iterations` times); it
-    must, or the bench fails its own sanity check. Also the starting fleet for the other
-    policies: the refined need's over the pre-roll's first `warm_steps`. A start sized on the
-    unrefined need is short wherever refinement raised it (KV preemption does, on long
-    contexts), and a scaler measuring that shortfall as lateness in its first minutes learns a
-    headroom for a fleet it never sized. The oracle itself starts on `initial`, the smaller
-    fleet: a floor from a shorter start is still a floor, and one started above the trace's
-    peak would pay for more than the always-on fleet sized for that peak."""
-    dt = cfg.dt
+) -> tuple[PolicyRun, IntArray]:
+    """The oracle's run and its need, refined (`bump_need`) where a request was late until it
+    meets `cfg.oracle_min_attainment` with nothing dropped (at most `oracle_iterations` times);
+    it must, or the bench fails its own sanity check. The other policies start on the refined
+    need's fleet over the pre-roll (`starting_fleet`): a start sized on the unrefined need is
+    short wherever refinement raised it (KV preemption does, on long contexts), and a scaler
+    measuring that shortfall as lateness in its first minutes learns a headroom for a fleet it
+    never sized. The oracle itself starts on `initial`, the unrefined need's smaller fleet: a
+    floor from a shorter start is still a floor, and one started above the trace's peak would
+    pay for more than the always-on fleet sized for that peak."""
+    dt, need, lead, origin = cfg.dt, plan.need, plan.lead, plan.origin_s
     run: PolicyRun | None = None
     for i in range(max(1, cfg.oracle_iterations + 1)):
         schedule = oracle_schedule(need, lead)
@@ -571,8 +592,7 @@ def _oracle(
             f"(needs >= {cfg.oracle_min_attainment}) with {dropped} dropped after "
             f"{cfg.oracle_iterations} refinements{first}: not a floor that meets the SLO"
         )
-    # Refinement only raises the need, so its last schedule covers every earlier one.
-    return run, need, max(initial, starting_fleet(need, lead, warm_steps))
+    return run, need
 
 
 def starting_fleet(need: IntArray, lead: int, warm_steps: int) -> int:

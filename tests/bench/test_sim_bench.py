@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import re
 import sys
 from dataclasses import replace
@@ -81,22 +80,14 @@ def test_the_starting_fleet_covers_the_oracles_refined_need() -> None:
     """Every policy starts on the fleet the oracle's (refined) need asks for over the pre-roll:
     a start sized before refinement is short wherever refinement raised the need, and a scaler
     would learn headroom from lateness its own sizing never caused."""
-    requests = build_requests(load_trace(TRACE), scale=2.0, seed=0, duration_s=120.0)
-    cfg = replace(CONFIG, policies=("oracle",), warm_window_s=60.0)
-    dt, lead = cfg.dt, math.ceil(cfg.cold_start_s / cfg.dt) + 1
-    warm = math.ceil(cfg.warm_window_s / dt)
-    need = sim_run.oracle_need(
-        sim_run.with_preroll(requests, warm * dt),
-        cfg.profile.service,
-        dt,
-        warm + math.ceil(requests.duration_s / dt) + math.ceil(cfg.drain_s / dt),
-        sim_run.replica_slots(requests, cfg.profile.service),
-        origin_s=-warm * dt,
-        slo_s=cfg.slo_s,
-    )
-    _, refined, initial = sim_run._oracle(requests, cfg, need, lead, -warm * dt, 1, warm, None)
-    assert initial > 1
-    assert initial >= int(sim_run.oracle_schedule(refined, lead)[:warm].max())
+    requests = build_requests(load_trace(TRACE), scale=5.0, seed=0, duration_s=120.0)
+    cfg = replace(CONFIG, policies=("oracle", "always-on"), warm_window_s=60.0)
+    plan = sim_run.oracle_plan(requests, cfg)
+    unrefined = sim_run.starting_fleet(plan.need, plan.lead, plan.pre_steps)
+    _, refined = sim_run._oracle(requests, cfg, plan, unrefined, None)
+    start = sim_run.starting_fleet(refined, plan.lead, plan.pre_steps)
+    assert start > unrefined  # on this slice refinement raises the pre-roll's need
+    assert run_bench(requests, cfg).initial_replicas == start
 
 
 def test_the_scaler_policy_calls_the_real_decide(monkeypatch: pytest.MonkeyPatch) -> None:
