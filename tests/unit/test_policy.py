@@ -608,19 +608,24 @@ def test_a_scale_from_zero_after_a_long_idle_sizes_its_queue_from_the_s_it_last_
     assert max(d.replicas for d in blind) >= 40  # the whole queue as slots: the climb avoided
 
 
-def test_the_headroom_does_not_compound_on_the_replicas_already_on_their_way() -> None:
-    # A queue waits on 24 ready replicas while more are on their way, with a learned headroom
-    # of x1.5. The replicas on their way are a floor the queue term keeps, not demand: with the
-    # headroom multiplied onto that floor, each tick's target became the next tick's floor and
-    # grew x1.5 a tick, to maxReplicas within seconds (seen on a bursty trace). The target is
-    # max(demand x headroom, floor): the same on every tick of a steady signal.
-    spec = make_spec(
+def queue_spec() -> WorkloadSpec:
+    """A workload whose queue term is computed: a 3.5-minute horizon, a 2 s SLO, a known S."""
+    return make_spec(
         coldStartSeconds=180,
         pollingIntervalSeconds=30,
         queueTimeSloSeconds=2,
         maxReplicas=500,
         serviceTimeSeconds=5,
     )
+
+
+def test_the_headroom_does_not_compound_on_the_replicas_already_on_their_way() -> None:
+    # A queue waits on 24 ready replicas while more are on their way, with a learned headroom
+    # of x1.5. The replicas on their way are a floor the queue term keeps, not demand: with the
+    # headroom multiplied onto that floor, each tick's target became the next tick's floor and
+    # grew x1.5 a tick, to maxReplicas within seconds (seen on a bursty trace). The target is
+    # max(demand x headroom, floor): the same on every tick of a steady signal.
+    spec = queue_spec()
 
     def run(headroom: float) -> list[int]:
         state, targets = PolicyState(headroom_log=math.log(headroom)), []
@@ -1269,13 +1274,7 @@ def test_the_headroom_covers_the_flow_and_not_the_drain_of_a_backlog() -> None:
     The headroom covers what is uncertain, the arrivals to come; multiplied onto the drain too, a
     ramp that outran the cold start (a backlog and a headroom raised by its lateness at once)
     asked for several nodes more than either needs."""
-    spec = make_spec(
-        coldStartSeconds=180,
-        pollingIntervalSeconds=30,
-        queueTimeSloSeconds=2,
-        maxReplicas=500,
-        serviceTimeSeconds=5,
-    )
+    spec = queue_spec()
     signal = Signal(
         at=T0, source="t", running=200.0, waiting=900.0, arrival_rate=70.0, ready_pods=24
     )
