@@ -73,6 +73,18 @@ DECISION_METRICS = {
         "offered_replicas",
         "Replicas the arrivals alone need, without the queue: what the forecast forecasts",
     ),
+    "headroom": (
+        "headroom",
+        "Multiplier the closed loop holds over the need's flow (1-1.6), from attainment measured",
+    ),
+    "headroom_surge": (
+        "headroom_surge",
+        "Part of the headroom learnt while replicas were on their way (fades once they serve)",
+    ),
+    "late_share": (
+        "late_share_ratio",
+        "Share of requests waiting past queueTimeSloSeconds, from the queue time's mean and p99",
+    ),
     "in_flight": ("in_flight_requests", "Running + waiting requests seen"),
     "arrival": ("arrival_rate_requests_per_second", "Arrival rate seen"),
     "at": ("decision_timestamp_seconds", "Tick of the latest decision"),
@@ -181,6 +193,9 @@ class DecisionCollector(Collector):
             for key, value in (
                 ("need", d.need),
                 ("offered", d.offered),
+                ("headroom", d.headroom),
+                ("headroom_surge", d.headroom_surge),
+                ("late_share", d.late_share),
                 ("in_flight", d.in_flight),
                 ("arrival", d.arrival_rate),
             ):

@@ -58,6 +58,9 @@ def decisions() -> list[Decision]:
         signal=FULL_SIGNAL,
         outlook=Outlook(point_max=1.8, upper_max=2.4, model="ets", horizon_s=300.0, made_at=AT),
         offered=1.5,
+        headroom=1.25,
+        headroom_surge=1.1,
+        late_share=0.02,
     )
     partial = Decision(
         workload="team-b/mistral",

@@ -44,6 +44,13 @@ def _explain(args: argparse.Namespace) -> int:
         print(f"{d['workload']} [{d['metric']}] -> {d['replicas']} replicas, {state}")
         print(f"  reason: {d['reason']}: {d['detail']}")
         print(f"  decision {d['decision_id']} at {d['at']:.0f}")
+        if d.get("headroom") is not None:  # a scaler older than the closed loop's export has none
+            late = d.get("late_share")
+            read = "not measured" if late is None else f"{late:.1%}"
+            print(
+                f"  closed loop: headroom x{d['headroom']:.2f} "
+                f"(x{d.get('headroom_surge') or 1.0:.2f} of it from a surge), late share {read}"
+            )
         for fault in d["faults"]:
             print(f"  fault: {fault}")
         signal = d.get("signal") or {}

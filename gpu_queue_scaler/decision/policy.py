@@ -165,6 +165,9 @@ class Decision(NamedTuple):
     signal: Signal | None = None  # what the decision was made from (None when held)
     outlook: Outlook | None = None  # the forecast it considered (None with forecasting off)
     offered: float | None = None  # replicas the arrivals need (capacity.offered), if known
+    headroom: float = 1.0  # the closed loop's multiplier over the need's flow
+    headroom_surge: float = 1.0  # the part of it learnt while replicas were on their way
+    late_share: float | None = None  # requests late past queueTimeSloSeconds (estimated)
 
     @property
     def demand(self) -> float | None:
@@ -732,6 +735,9 @@ def decide(
             spec.capacity,
             required.loaded_s if operating is not None else steady_service_time(service_seen),
         ),
+        headroom=headroom,
+        headroom_surge=math.exp(surge_log),
+        late_share=late,
     )
     raised = last is None or target > last.replicas
     return decision, PolicyState(

@@ -220,6 +220,8 @@ def test_one_row_per_workload_shows_queue_latency_arrivals_forecast_replicas_and
             "desired_replicas",
             "signal_ready_pods",
             "decision_reason",
+            "headroom",
+            "late_share_ratio",
         )
     }
     forecast = [t for p in row_panels for t in p["targets"] if "forecast_needed" in t["expr"]]

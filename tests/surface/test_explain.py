@@ -38,8 +38,15 @@ async def test_explain_prints_the_decision_with_its_reason():
         assert shown.returncode == 0, shown.stderr
         assert "team-a/llama [synthetic-llama] -> 2 replicas, active" in shown.stdout
         assert "reason: current_need: need=1.88 from concurrency" in shown.stdout
+        # No queue times from the synthetic source: nothing learnt, nothing read.
+        closed_loop = (
+            "closed loop: headroom x1.00 (x1.00 of it from a surge), late share not measured"
+        )
+        assert closed_loop in shown.stdout
         as_json = await asyncio.to_thread(explain, "team-a/llama", "--address", address, "--json")
-        assert json.loads(as_json.stdout)[0]["replicas"] == 2
+        [answer] = json.loads(as_json.stdout)
+        assert answer["replicas"] == 2
+        assert (answer["headroom"], answer["late_share"]) == (1.0, None)
         unknown = await asyncio.to_thread(explain, "team-a/other", "--address", address)
         assert unknown.returncode == 1 and "no decision" in unknown.stdout
     finally:

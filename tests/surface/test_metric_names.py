@@ -159,3 +159,16 @@ def test_forecast_point_and_q90_target_and_ready_pods_are_per_workload() -> None
         assert sample.value == value
     [offered] = by_name[telemetry.PREFIX + "offered_replicas"].samples  # None is not exported
     assert (offered.labels["scaledobject"], offered.value) == ("llama", 1.5)
+
+
+def test_the_closed_loops_headroom_and_the_late_share_it_reads_are_per_workload() -> None:
+    """What the closed loop holds (1 until it has learnt anything), the part of it a surge
+    taught, and the late share it read; a workload without a measured late share exports none."""
+    by_name = {f.name: f for f in SCALER}
+
+    def values(name: str) -> dict[str, float]:
+        return {s.labels["scaledobject"]: s.value for s in by_name[telemetry.PREFIX + name].samples}
+
+    assert values("headroom") == {"llama": 1.25, "mistral": 1.0}
+    assert values("headroom_surge") == {"llama": 1.1, "mistral": 1.0}
+    assert values("late_share_ratio") == {"llama": 0.02}

@@ -1256,13 +1256,16 @@ def test_a_surges_lateness_is_forgotten_once_the_fleet_catches_up_and_steady_lat
             made, state = decide(spec, signal, state, at, STALE)
             if i == 11:
                 learnt = math.exp(state.headroom_log)
-                assert made is not None
-                detail = made.detail
-        return learnt, math.exp(state.headroom_log), detail
+                assert made is not None and made.late_share is not None
+                assert made.headroom == pytest.approx(learnt)  # exported as it is applied
+                assert made.late_share == pytest.approx(0.3, abs=0.02)
+                surge, detail = made.headroom_surge, made.detail
+        return learnt, math.exp(state.headroom_log), surge, detail
 
-    surge_learnt, surge_left, detail = run(ready_while_late=5)  # 10 needed, 5 serving
-    steady_learnt, steady_left, _ = run(ready_while_late=20)  # 10 needed, 20 serving
+    surge_learnt, surge_left, surge_part, detail = run(ready_while_late=5)  # 10 needed, 5 ready
+    steady_learnt, steady_left, steady_part, _ = run(ready_while_late=20)  # 10 needed, 20 ready
     assert surge_learnt > 1.25 and steady_learnt == pytest.approx(surge_learnt, abs=0.05)
+    assert surge_part == pytest.approx(surge_learnt) and steady_part == 1.0
     assert "learnt while replicas were on their way" in detail
     assert surge_left < 1.06  # x1.37 * exp(-1800 / 900), less the integral's pace
     assert steady_left > 1.1  # the integral alone: ~20% off in 30 minutes
