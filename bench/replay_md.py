@@ -161,11 +161,12 @@ def main(index: str, nproc: str) -> None:
         "**SLO wait**: share of all requests (dropped ones count as misses) admitted within 2 s; "
         "**GPU-h**: live nodes x GPUs per node over the trace's span, cold starts and idle GPUs "
         "included; **peak**: most replicas. Each --scale superimposes that many copies of the "
-        "trace (seeded offsets) so the peak needs 16+ GPUs (**always-on** is sized for the "
-        "oracle's peak). ServeGen files are rates per 600 s window: replayed 24x compressed "
-        "(a day in an hour, each window 25 s) with Gamma inter-arrivals of the window's CV; the "
-        "14-day language files are cut to their first two days. Traces and licenses: "
-        "`bench/traces/README.md`.",
+        "trace (seeded offsets) so the peak needs 16+ GPUs (**always-on** is the fewest replicas "
+        "a fixed fleet meets 0.99 with, tried at the oracle's peak and in whole nodes below it, "
+        "named under each table). ServeGen files are rates per 600 s window: replayed 24x "
+        "compressed (a day in an hour, each window 25 s) with Gamma inter-arrivals of the "
+        "window's CV; the 14-day language files are cut to their first two days. Traces and "
+        "licenses: `bench/traces/README.md`.",
         "",
         *_verdict(runs),
         "## Summary: SLO attainment (queue wait) / GPU-hours",

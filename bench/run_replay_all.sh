@@ -3,7 +3,7 @@
 #   bench/results/replay.md                      the tables, with each command line and runtime
 #   bench/results/replay/<trace>-cs<S>.json      one JSON object per run (`--json` format)
 #   bench/results/replay/<trace>-cs<S>/*.png     fleet.png and queue_wait.png per run
-# Each trace gets a --scale that makes its peak need 16+ GPUs (the oracle's peak, "always-on" in
+# Each trace gets a --scale that makes its peak need 16+ GPUs (the oracle's peak; "always-on" in
 # the tables); the synthetic idle-bursts trace runs at its native rate on one-GPU L4 nodes.
 # Every run fails (exit 1, and so does this script) if the oracle misses 0.999 or drops a request. ServeGen rate files (600 s windows) are time-compressed 24x, a day to an hour, and
 # the 14-day language files are cut to their first two days (--duration 7200 after compression).

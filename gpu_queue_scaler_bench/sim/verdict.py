@@ -8,7 +8,8 @@ One place for the goals, so the replay's table (`scaler demo`, `scaler bench rep
 - **GPU-hours against the oracle's**: at most 1.25x on smooth and diurnal traffic, 1.5x on
   bursty traffic; the class of each shipped trace is named here (`BURSTY`, `SMOOTH`), and any
   other trace gets its ratio without a limit (its kind is not known);
-- **always-on** (a fleet fixed at the oracle's peak, a baseline sized in hindsight): never more
+- **always-on** (the fewest replicas a fixed fleet meets the SLO goal with, tried at the
+  oracle's peak and in whole nodes below it: a baseline sized in hindsight): never more
   GPU-hours;
 - **the reactive KEDA rows** (`KEDA_ROWS`): ahead = fewer misses at no more GPU-hours, or fewer
   GPU-hours at no more misses; behind = the KEDA row is ahead of the scaler; mixed = neither.
@@ -116,9 +117,9 @@ class Verdict:
             f"{GOAL_ATTAINMENT:g} where the oracle reaches it (oracle {o.attainment:.4f}): {slo}",
             f"  GPU-hours: {self.ratio:.2f}x the oracle's ({s.gpu_hours:.2f} / "
             f"{o.gpu_hours:.2f}), {cost}",
-            f"  vs always-on (fixed at the oracle's peak): {s.gpu_hours:.2f} against "
-            f"{f.gpu_hours:.2f} GPU-h at {s.attainment:.4f} / {f.attainment:.4f} within the SLO: "
-            f"{fixed}",
+            "  vs always-on (the smallest fixed fleet that meets the goal): "
+            f"{s.gpu_hours:.2f} against {f.gpu_hours:.2f} GPU-h at {s.attainment:.4f} / "
+            f"{f.attainment:.4f} within the SLO: {fixed}",
         ]
         for name, word, other in self.keda_verdicts():
             out.append(

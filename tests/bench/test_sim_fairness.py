@@ -23,6 +23,7 @@ from gpu_queue_scaler_bench.sim.policies import (
     KEDA_INFLIGHT_BEST,
     REACTIVE_BEST,
     REACTIVE_SWEEP,
+    AlwaysOn,
     KedaInflight,
     Oracle,
     ReactiveBound,
@@ -76,6 +77,28 @@ def test_the_oracle_meets_the_slo_with_nothing_dropped_on_every_shipped_trace(
         + np.maximum(requests.output_tokens - 1, 0) * svc.decode_step_s(slots) / slots
     )
     assert oracle.gpu_hours * 3600.0 >= float(work.sum())
+
+
+def test_the_always_on_row_is_the_fewest_whole_nodes_that_meet_the_goal() -> None:
+    """A fixed fleet as a user sizes it from a load test: the oracle's refined peak can be a node
+    above what a fixed fleet needs (its refinement adds 10% near late requests and never takes
+    it back), and a baseline a node too large flatters every policy compared with it. The row
+    meets the goal; a fleet one node smaller does not; and the oracle, which could hold that
+    fleet with foresight, costs no more than it."""
+    requests = _slice(*SLICES[2])  # Mooncake x3: the refined peak is above four nodes' 32
+    cfg = SimConfig(A100, cold_start_s=180.0, policies=("always-on", "oracle"))
+    result = run_bench(requests, cfg, 3.0)
+    found = {run.name: measure(run, cfg.slo_s) for run in result.runs}
+    fixed, per_node = result.always_on_replicas, A100.node.gpus
+    peak = int(result.oracle_need.max())
+    assert fixed < peak and fixed % per_node == 0  # a whole node under the oracle's peak
+    assert found["always-on"].slo_attainment >= 0.99
+    smaller = simulate(AlwaysOn(fixed - per_node), requests, cfg, fixed - per_node)
+    assert measure(smaller, cfg.slo_s).slo_attainment < 0.99
+    assert found["oracle"].gpu_hours <= found["always-on"].gpu_hours + 1e-9
+    assert any(
+        note.startswith(f"always-on: {fixed} replicas, chosen after") for note in result.notes
+    )
 
 
 def test_a_run_whose_oracle_misses_fails_its_sanity_check() -> None:
