@@ -431,9 +431,8 @@ def run_bench(
     dt = cfg.dt
     trace_steps = math.ceil(requests.duration_s / dt)
     svc = cfg.profile.service
-    slots = replica_slots(requests, svc)
     plan = oracle_plan(requests, cfg)
-    need, lead, pre_steps = plan.need, plan.lead, plan.pre_steps
+    need, lead, pre_steps, slots = plan.need, plan.lead, plan.pre_steps, plan.slots
     warm_steps = max(1, pre_steps)
     initial = starting_fleet(need, lead, warm_steps)
     notes: list[str] = []
@@ -464,11 +463,15 @@ def run_bench(
     if "always-on" in cfg.policies:
         fixed, runs["always-on"], why = fixed_fleet(requests, cfg, peak, progress)
         notes.append(f"always-on: {fixed} replicas, {why}")
-        oracle_run = runs.get("oracle")
-        if oracle_run is not None and _cheaper_floor(runs["always-on"], oracle_run, cfg):
+        oracle_run, fixed_run = runs.get("oracle"), runs["always-on"]
+        if (
+            oracle_run is not None
+            and meets_oracle_bar(fixed_run, cfg)
+            and fixed_run.gpu_seconds < oracle_run.gpu_seconds
+        ):
             # With foresight the oracle would hold this fleet: it meets the oracle's own bar at
             # fewer GPU-hours than the schedule's scale-ups and node launches.
-            runs["oracle"] = dataclasses.replace(runs["always-on"], name="oracle")
+            runs["oracle"] = dataclasses.replace(fixed_run, name="oracle")
             notes.append(
                 f"oracle: holds the fixed fleet of {fixed} replicas, cheaper than its schedule "
                 f"({runs['oracle'].gpu_seconds / 3600:.2f} against "
@@ -544,6 +547,7 @@ class OraclePlan:
     lead: int  # steps from asking for a replica to it serving (a cold start and a step)
     pre_steps: int  # the pre-roll's steps before t = 0
     origin_s: float  # the timeline's first step, on the trace's clock (-pre_steps x dt)
+    slots: int  # requests one replica holds at once on this trace (`replica_slots`)
 
 
 def oracle_plan(requests: Requests, cfg: SimConfig) -> OraclePlan:
@@ -553,16 +557,11 @@ def oracle_plan(requests: Requests, cfg: SimConfig) -> OraclePlan:
     origin = -pre_steps * dt
     timeline = pre_steps + math.ceil(requests.duration_s / dt) + math.ceil(cfg.drain_s / dt)
     svc = cfg.profile.service
+    slots = replica_slots(requests, svc)
     need = oracle_need(
-        with_preroll(requests, -origin),
-        svc,
-        dt,
-        timeline,
-        replica_slots(requests, svc),
-        origin_s=origin,
-        slo_s=cfg.slo_s,
+        with_preroll(requests, -origin), svc, dt, timeline, slots, origin_s=origin, slo_s=cfg.slo_s
     )
-    return OraclePlan(need, math.ceil(cfg.cold_start_s / dt) + 1, pre_steps, origin)
+    return OraclePlan(need, math.ceil(cfg.cold_start_s / dt) + 1, pre_steps, origin, slots)
 
 
 def _oracle(
@@ -580,7 +579,7 @@ def _oracle(
     measuring that shortfall as lateness in its first minutes learns a headroom for a fleet it
     never sized. The oracle itself starts on `initial`, the unrefined need's smaller fleet: a
     floor from a shorter start is still a floor, and one started above the trace's peak would
-    pay for more than the always-on fleet sized for that peak."""
+    pay for more than a fixed fleet at that peak."""
     dt, need, lead, origin = cfg.dt, plan.need, plan.lead, plan.origin_s
     run: PolicyRun | None = None
     for i in range(max(1, cfg.oracle_iterations + 1)):
@@ -588,15 +587,13 @@ def _oracle(
         oracle = Oracle(schedule, dt, origin_s=origin, grace_s=cfg.termination_grace_s)
         run = simulate(oracle, requests, cfg, initial, progress)
         late = _late_steps(run, cfg.slo_s, dt, origin)
-        met = attainment(run, cfg.slo_s) >= cfg.oracle_min_attainment
-        if late.size == 0 or (met and not run.dropped.any()):
+        if late.size == 0 or meets_oracle_bar(run, cfg):
             break
         if i < cfg.oracle_iterations:
             need = bump_need(need, late, max(1, math.ceil(30.0 / dt)))
     assert run is not None
-    reached = attainment(run, cfg.slo_s)
-    dropped = int(run.dropped.sum())
-    if reached < cfg.oracle_min_attainment or dropped:
+    if not meets_oracle_bar(run, cfg):
+        reached, dropped = attainment(run, cfg.slo_s), int(run.dropped.sum())
         late = np.flatnonzero(_late(run, cfg.slo_s))
         first = f"; first late at t = {run.arrivals_s[late[0]]:.0f} s" if late.size else ""
         raise SimulationError(
@@ -627,14 +624,10 @@ def fixed_fleet(
     return int(size), run, why
 
 
-def _cheaper_floor(fixed: PolicyRun, oracle: PolicyRun, cfg: SimConfig) -> bool:
-    """The fixed fleet meets the oracle's bar (`oracle_min_attainment`, nothing dropped) at
-    fewer GPU-hours than the oracle's schedule."""
-    return (
-        attainment(fixed, cfg.slo_s) >= cfg.oracle_min_attainment
-        and not fixed.dropped.any()
-        and fixed.gpu_seconds < oracle.gpu_seconds
-    )
+def meets_oracle_bar(run: PolicyRun, cfg: SimConfig) -> bool:
+    """`cfg.oracle_min_attainment` of requests within the SLO with nothing dropped: what the
+    oracle must reach, and what a fixed fleet must reach to stand in for it."""
+    return attainment(run, cfg.slo_s) >= cfg.oracle_min_attainment and not run.dropped.any()
 
 
 def starting_fleet(need: IntArray, lead: int, warm_steps: int) -> int:
