@@ -438,7 +438,7 @@ def run_bench(
     notes: list[str] = []
     runs: dict[str, PolicyRun] = {}
     if "oracle" in cfg.policies:
-        runs["oracle"], need = _oracle(requests, cfg, plan, initial, progress)
+        runs["oracle"], need = oracle_run(requests, cfg, plan, initial, progress)
         # Refinement only raises the need, so the refined schedule's start covers the first.
         initial = max(initial, starting_fleet(need, lead, warm_steps))
     # The (refined) need on the trace's clock and the pre-roll before it: what the reactive
@@ -463,11 +463,11 @@ def run_bench(
     if "always-on" in cfg.policies:
         fixed, runs["always-on"], why = fixed_fleet(requests, cfg, peak, progress)
         notes.append(f"always-on: {fixed} replicas, {why}")
-        oracle_run, fixed_run = runs.get("oracle"), runs["always-on"]
+        scheduled, fixed_run = runs.get("oracle"), runs["always-on"]
         if (
-            oracle_run is not None
+            scheduled is not None
             and meets_oracle_bar(fixed_run, cfg)
-            and fixed_run.gpu_seconds < oracle_run.gpu_seconds
+            and fixed_run.gpu_seconds < scheduled.gpu_seconds
         ):
             # With foresight the oracle would hold this fleet: it meets the oracle's own bar at
             # fewer GPU-hours than the schedule's scale-ups and node launches.
@@ -475,7 +475,7 @@ def run_bench(
             notes.append(
                 f"oracle: holds the fixed fleet of {fixed} replicas, cheaper than its schedule "
                 f"({runs['oracle'].gpu_seconds / 3600:.2f} against "
-                f"{oracle_run.gpu_seconds / 3600:.2f} GPU-h) at the oracle's attainment"
+                f"{scheduled.gpu_seconds / 3600:.2f} GPU-h) at the oracle's attainment"
             )
     factories: dict[str, Callable[[], Policy]] = {
         "hpa-gpu-util": lambda: HpaGpuUtil(max_replicas),
@@ -564,7 +564,7 @@ def oracle_plan(requests: Requests, cfg: SimConfig) -> OraclePlan:
     return OraclePlan(need, math.ceil(cfg.cold_start_s / dt) + 1, pre_steps, origin, slots)
 
 
-def _oracle(
+def oracle_run(
     requests: Requests,
     cfg: SimConfig,
     plan: OraclePlan,
@@ -618,7 +618,7 @@ def fixed_fleet(
     for size in sizes:
         run = simulate(AlwaysOn(size), requests, cfg, size, progress)
         sweep[size] = run
-        if attainment(run, cfg.slo_s) < SWEEP_TARGET or run.dropped.any():
+        if attainment(run, cfg.slo_s) < SWEEP_TARGET:  # the pick's own test (drops are misses)
             break
     size, run, why = hindsight_pick(sweep, "always-on", cfg.slo_s, lambda n: f"{n:g}")
     return int(size), run, why

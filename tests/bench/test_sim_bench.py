@@ -84,7 +84,7 @@ def test_the_starting_fleet_covers_the_oracles_refined_need() -> None:
     cfg = replace(CONFIG, policies=("oracle", "always-on"), warm_window_s=60.0)
     plan = sim_run.oracle_plan(requests, cfg)
     unrefined = sim_run.starting_fleet(plan.need, plan.lead, plan.pre_steps)
-    _, refined = sim_run._oracle(requests, cfg, plan, unrefined, None)
+    _, refined = sim_run.oracle_run(requests, cfg, plan, unrefined, None)
     start = sim_run.starting_fleet(refined, plan.lead, plan.pre_steps)
     assert start > unrefined  # on this slice refinement raises the pre-roll's need
     assert run_bench(requests, cfg).initial_replicas == start
