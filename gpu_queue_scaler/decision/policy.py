@@ -545,7 +545,8 @@ def fleet(
     expected to serve (a horizon after the target last rose). Without a count of ready pods from
     the source there is no fleet to reason about (`capacity.need` keeps the concurrency term):
     assuming the HPA followed the target at once would feed each target back into the next.
-    `seen`: the queue's observations with this signal's (`observe_queue`), for its trend."""
+    `seen`: the queue's observations with this signal's (`observe_queue`), for its trend and
+    whether the queue was there on the observation before (`capacity.Fleet.queue_held`)."""
     ready = signal.ready_pods
     asked = _window_max(state.asked, at - spec.horizon_s)
     pending, pending_in = 0.0, 0.0
@@ -560,6 +561,7 @@ def fleet(
         pending_in_s=pending_in,
         asked=asked,
         queue_trend=queue_trend(seen),
+        queue_held=not (len(seen) >= 2 and seen[-2].waiting < 1.0),
     )
 
 

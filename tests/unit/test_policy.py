@@ -1177,6 +1177,33 @@ def test_a_request_starting_to_wait_does_not_move_the_flow_off_the_token_counter
     assert work < decision.need < 1.2 * work
 
 
+def test_a_request_waiting_a_moment_does_not_read_the_fleet_as_saturated() -> None:
+    """A queue on servers running fewer than targetConcurrency means their own batch limit is
+    reached: throughput is then what they run, and the backlog of a horizon at arrivals above it
+    is asked for. A request that waits for one observation on a fleet running a third of its
+    slots (a prefill scheduled behind another) is not that: read so, the long-context replay
+    trace asked for a fifth node every few minutes that was gone before it served. A queue seen
+    on two observations in a row still is."""
+    spec = make_spec(targetConcurrency=8, serviceTimeSeconds=10, scaleDownStabilizationSeconds=0)
+
+    def fleet_shows(at: float, waiting: float) -> Signal:
+        return Signal(
+            at=at, source="t", waiting=waiting, running=91.0, arrival_rate=12.0, ready_pods=32
+        )
+
+    state = PolicyState()
+    for i in range(6):
+        _, state = decide(spec, fleet_shows(T0 + 5.0 * i, 0.0), state, T0 + 5.0 * i, STALE)
+    flow = 12.0 * 10.0 / 8.0  # 15 replicas
+    moment, state = decide(spec, fleet_shows(T0 + 30.0, 1.0), state, T0 + 30.0, STALE)
+    assert moment is not None and moment.need is not None
+    assert moment.need < flow + 0.5  # the flow and the one request's drain, no backlog
+    held, _ = decide(spec, fleet_shows(T0 + 35.0, 2.0), state, T0 + 35.0, STALE)
+    assert held is not None and held.need is not None
+    # 91 running complete 9.1/s against 12 arriving: 2.9/s x the horizon queue up
+    assert held.need > flow + 3.0
+
+
 # --- headroom in closed loop on measured attainment ---------------------------------------------
 
 
