@@ -73,9 +73,10 @@ class Fleet(NamedTuple):
     # Requests per second the observed queue grew (negative: shrank) while the ready count stayed
     # as it is now, over the last few distinct observations (None: no such evidence yet).
     queue_trend: float | None = None
-    # False when the queue is new: the observation before this one, at this ready count, had
-    # none. A request waiting a moment (a prefill scheduled behind another, on a server far from
-    # its batch limit) does not show a saturated fleet; a queue seen twice may (`backlog_ahead`).
+    # False when the queue is new and small (`policy.new_small_queue`): none on the observation
+    # before, at this ready count, and fewer waiting than ready replicas. A request waiting a
+    # moment (a prefill scheduled behind another, on a server far from its batch limit) does not
+    # show a saturated fleet; a queue seen twice, or one per replica, may (`backlog_ahead`).
     queue_held: bool = True
 
 
@@ -209,10 +210,11 @@ def backlog_ahead(
     pending ones serve, then at arrivals minus the throughput of all of them until a replica asked
     now would serve. A replica's throughput is its concurrency over S: targetConcurrency, or the
     running requests per pod when a queue waits while pods run fewer (a server whose own batch
-    limit is below the target is saturated there), unless that queue is new (`Fleet.queue_held`):
-    read as saturation, a request that waits a moment on a long-context fleet running a tenth of
-    its slots had the whole horizon's arrivals queue behind it, and asked for a node every few
-    minutes that never served. `arrivals` defaults to the signal's rate."""
+    limit is below the target is saturated there), unless that queue is new and small
+    (`Fleet.queue_held`): read as saturation, a request that waits a moment on a long-context
+    fleet running a third of its slots had the whole horizon's arrivals queue behind it, and
+    asked for a node every few minutes that never served. `arrivals` defaults to the signal's
+    rate."""
     arrivals = (signal.arrival_rate or 0.0) if arrivals is None else arrivals
     ready = fleet.ready or 0
     concurrency = per_replica

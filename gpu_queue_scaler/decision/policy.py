@@ -533,6 +533,16 @@ def queue_trend(seen: tuple[QueueSeen, ...]) -> float | None:
     return added / (last.at - first.at)
 
 
+def new_small_queue(seen: tuple[QueueSeen, ...]) -> bool:
+    """The newest observation's queue was not there on the one before (at this ready count), and
+    holds fewer requests than there are ready replicas: some server has nothing waiting, so the
+    fleet is not at its servers' batch limit, whatever they run (`capacity.Fleet.queue_held`)."""
+    if len(seen) < 2:
+        return False
+    now = seen[-1]
+    return seen[-2].waiting < 1.0 <= now.waiting < now.ready
+
+
 def fleet(
     spec: WorkloadSpec,
     signal: Signal,
@@ -561,7 +571,7 @@ def fleet(
         pending_in_s=pending_in,
         asked=asked,
         queue_trend=queue_trend(seen),
-        queue_held=not (len(seen) >= 2 and seen[-2].waiting < 1.0),
+        queue_held=not new_small_queue(seen),
     )
 
 
