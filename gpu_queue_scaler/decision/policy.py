@@ -12,8 +12,7 @@ The rule, in the order `decide` applies it (each step names itself as the decisi
    it: the replicas asked for within the horizon and not yet ready, and the queue they will drain,
    are not asked for again (`fleet`, `capacity.Fleet`). S is the one at the operating point (a
    replica holding targetConcurrency requests), fitted against the batch from the servers' own
-   counters (`operating_service_time`), and with token capacities configured no longer than the
-   S their work implies (`token_service_time`), not the S the fleet's current size produces (while a
+   counters (`operating_service_time`), not the S the fleet's current size produces (while a
    scale from zero waits for its first replica with no fit and no S, the mean S last seen); and the
    need's flow (not the drain of a backlog, a known quantity) carries a headroom set in closed
    loop on the attainment measured (`closed_loop_headroom`: the share of requests late past
@@ -206,9 +205,6 @@ class PolicyState(NamedTuple):
     # Sums for the fit of S against the batch per bucket within SERVICE_FIT_WINDOW_S:
     # (bucket, ticks, sum b, sum S, sum b^2, sum b x S).
     service_fit: tuple[tuple[int, int, float, float, float, float], ...] = ()
-    # Sums for the S the token counters imply per bucket within SERVICE_FIT_WINDOW_S, from ticks
-    # where nothing waits: (bucket, ticks, sum token work, sum arrivals).
-    token_seen: tuple[tuple[int, int, float, float], ...] = ()
     # log(headroom) of the closed loop on measured attainment, and the tick it was last moved.
     headroom_log: float = 0.0
     surge_log: float = 0.0  # the part of headroom_log learnt while catching up (SURGE_MEMORY_S)
@@ -344,51 +340,6 @@ def operating_service_time(fit: Fit, target_concurrency: float) -> float | None:
     ridge = (FIT_RIDGE * mean_b) ** 2
     slope = min(max(0.0, cov / (var_b + ridge)), mean_s / mean_b)
     return mean_s + slope * (target_concurrency - mean_b)
-
-
-TokenSeen = tuple[tuple[int, int, float, float], ...]
-
-
-def observe_token_service(
-    seen: TokenSeen, signal: Signal, spec: WorkloadSpec, at: float
-) -> TokenSeen:
-    """Add this tick's (token work in replicas, arrival rate) to its bucket while the token
-    counters measure the demand (`capacity.token_flow`: a capacity configured, nothing waiting)
-    and requests arrive; keep the buckets within SERVICE_FIT_WINDOW_S."""
-    bucket = math.floor((at + TICK_TOLERANCE_S) / SERVICE_TIME_BUCKET_S)
-    first = bucket - SERVICE_FIT_BUCKETS + 1
-    kept = [b for b in seen if b[0] >= first]
-    work = capacity.token_flow(signal, capacity.token_work(signal, spec.capacity))
-    rate = signal.arrival_rate
-    if work is not None and rate is not None and rate >= capacity.MIN_RATE and math.isfinite(rate):
-        if kept and kept[-1][0] == bucket:
-            _, n, sw, sr = kept[-1]
-            kept[-1] = (bucket, n + 1, sw + work, sr + rate)
-        else:
-            kept.append((bucket, 1, work, rate))
-    return tuple(kept)
-
-
-def token_service_time(seen: TokenSeen, target_concurrency: float) -> float | None:
-    """The S at which the arrivals' flow (arrivals x S / targetConcurrency) is the token
-    counters' work, over the window's ticks, or None with fewer than SERVICE_FIT_MIN_TICKS.
-
-    While nothing waits the need's flow is the counters' work (`capacity.token_flow`); the
-    moment a request waits it is the arrivals x S at the operating point, and the two read
-    apart: the fit of S against the batch extrapolates to targetConcurrency from batches a
-    KV-full fleet inflates, and read 20% over the counters on a smooth hour, so a single
-    waiting request added most of a node (bench/results/decision.md). `decide` takes the
-    shorter of this S and the fit's: the flow then does not jump as a request starts to wait,
-    and a fit that reads short (bursty traffic, whose counters lag its arrivals) still stands."""
-    n, work, rate = 0, 0.0, 0.0
-    for _bucket, b_n, b_w, b_r in seen:
-        n += b_n
-        work += b_w
-        rate += b_r
-    if n < SERVICE_FIT_MIN_TICKS or rate <= 0.0 or work <= 0.0:
-        return None
-    s = work * target_concurrency / rate
-    return s if math.isfinite(s) else None
 
 
 def observe_service_time(
@@ -602,11 +553,7 @@ def decide(
     service_fit = observe_service_fit(
         state.service_fit, signal, capacity.measured_service_time(signal), at
     )
-    token_seen = observe_token_service(state.token_seen, signal, spec, at)
     operating = operating_service_time(service_fit, spec.target_concurrency)
-    by_tokens = token_service_time(token_seen, spec.target_concurrency)
-    if by_tokens is not None and (operating is None or by_tokens < operating):
-        operating = by_tokens  # the flow does not jump when a request starts to wait
     if (
         operating is None
         and signal.ready_pods == 0
@@ -818,7 +765,6 @@ def decide(
         queue_seen=seen,
         service_seen=service_seen,
         service_fit=service_fit,
-        token_seen=token_seen,
         headroom_log=headroom_log,
         surge_log=surge_log,
         headroom_at=at if late is not None else state.headroom_at,

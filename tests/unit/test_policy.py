@@ -1145,45 +1145,13 @@ def test_with_token_capacities_any_fleet_reads_the_same_need_from_its_first_tick
         assert decision.need >= work - 1e-9
 
 
-def test_a_request_starting_to_wait_does_not_move_the_flow_off_the_token_counters() -> None:
-    """While nothing waits the need's flow is the token counters' work; once a request waits it
-    is arrivals x S at the operating point. Where the fit of S against the batch reads longer
-    than the counters (a KV-full fleet's batches), a single waiting request used to raise the
-    need by that difference and the backlog it implies at once: 12 -> 19.7 replicas here (most
-    of a node on the replay bench's smooth hour). The S the counters imply caps the fit's, so
-    the flow stays with the counters and only the one request's backlog model adds to it."""
-    alpha, beta, arrival, target = 10.0, 0.25, 30.0, 40.0
-    by_fit = arrival * (alpha + beta * target) / target  # 15 replicas
-    work = 0.8 * by_fit
-    spec = make_spec(
-        targetConcurrency=target,
-        prefillTokensPerSecond=10_000.0,
-        decodeTokensPerSecond=1_000.0,
-        scaleDownStabilizationSeconds=0,
-    )
-    prompt_rate = 3.0 * 10_000.0  # 3 replicas of prefill, the rest decode
-    tokens = {"prompt_tokens_rate": prompt_rate, "generation_tokens_rate": (work - 3.0) * 1_000.0}
-    state = PolicyState()
-    for i in range(60):  # ten minutes of 10 s ticks on fleets of 24 to 36: the fit has spread
-        at = T0 + 10.0 * i
-        signal = batched(at, arrival, alpha, beta, 24 + 4 * ((i // 6) % 4))._replace(**tokens)
-        calm, state = decide(spec, signal, state, at, STALE)
-    assert calm is not None and calm.need == pytest.approx(work, rel=1e-9)
-    at = T0 + 600.0
-    one_waits = batched(at, arrival, alpha, beta, 28)._replace(waiting=1.0, **tokens)
-    decision, _ = decide(spec, one_waits, state, at, STALE)
-    assert decision is not None and decision.need is not None
-    assert "littles_law=12.00" in decision.detail  # the flow at the counters' S
-    assert work < decision.need < 1.2 * work
-
-
 def test_a_request_waiting_a_moment_does_not_read_the_fleet_as_saturated() -> None:
     """A queue on servers running fewer than targetConcurrency means their own batch limit is
     reached: throughput is then what they run, and the backlog of a horizon at arrivals above it
     is asked for. A request that waits for one observation on a fleet running a third of its
     slots (a prefill scheduled behind another) is not that: read so, the long-context replay
     trace asked for a fifth node every few minutes that was gone before it served. A queue seen
-    on two observations in a row still is."""
+    on two observations in a row still is, and so is a new one of a request per replica."""
     spec = make_spec(targetConcurrency=8, serviceTimeSeconds=10, scaleDownStabilizationSeconds=0)
 
     def fleet_shows(at: float, waiting: float) -> Signal:
@@ -1195,6 +1163,7 @@ def test_a_request_waiting_a_moment_does_not_read_the_fleet_as_saturated() -> No
     for i in range(6):
         _, state = decide(spec, fleet_shows(T0 + 5.0 * i, 0.0), state, T0 + 5.0 * i, STALE)
     flow = 12.0 * 10.0 / 8.0  # 15 replicas
+    before_queue = state
     moment, state = decide(spec, fleet_shows(T0 + 30.0, 1.0), state, T0 + 30.0, STALE)
     assert moment is not None and moment.need is not None
     assert moment.need < flow + 0.5  # the flow and the one request's drain, no backlog
@@ -1202,6 +1171,10 @@ def test_a_request_waiting_a_moment_does_not_read_the_fleet_as_saturated() -> No
     assert held is not None and held.need is not None
     # 91 running complete 9.1/s against 12 arriving: 2.9/s x the horizon queue up
     assert held.need > flow + 3.0
+    # A new queue of a request per ready replica or more is read as saturation at first sight
+    # (every server may have one waiting): a surge is not met an observation late.
+    deep, _ = decide(spec, fleet_shows(T0 + 30.0, 32.0), before_queue, T0 + 30.0, STALE)
+    assert deep is not None and deep.need is not None and deep.need > flow + 3.0
 
 
 # --- headroom in closed loop on measured attainment ---------------------------------------------
