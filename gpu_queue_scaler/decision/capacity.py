@@ -218,8 +218,8 @@ def backlog_ahead(
     arrivals = (signal.arrival_rate or 0.0) if arrivals is None else arrivals
     ready = fleet.ready or 0
     concurrency = per_replica
-    queued = (signal.waiting or 0.0) >= 1.0 and fleet.queue_held
-    if ready and queued and signal.running is not None:
+    at_batch_limit = (signal.waiting or 0.0) >= 1.0 and fleet.queue_held
+    if ready and at_batch_limit and signal.running is not None:
         concurrency = min(concurrency, max(signal.running / ready, 1e-9))
     per_replica_rate = concurrency / s
     now_rate = ready * per_replica_rate
