@@ -26,24 +26,26 @@ With a `Fleet` (what the policy knows: a cold-start horizon, the ready replicas,
 asked for and not yet ready), the queue is counted where it will be when a
 replica asked now can serve, instead of as concurrency now:
 
-- queue: (arrival_rate x S + B_today x S / D + B_later x S / H) / targetConcurrency, where
-  while nothing waits the arrivals are those the tokens term stands for at this S
-  (`token_flow`: tokens x targetConcurrency / S, in the flow and in the backlog model), and B is
-  the backlog a replica asked now would meet when it serves, a horizon H from now (today's
-  `waiting`, grown or drained at arrivals minus the ready replicas' throughput until the replicas
-  already asked for serve, then of all of them; `backlog_ahead`): with nothing on its way, the
-  part of it waiting today (a queue the fleet will not drain) is drained within D
-  (`queueTimeSloSeconds`, else one S); the rest (what builds up during a cold start, or what the
-  replicas on their way leave) within one more horizon. At least the busy replicas while a
-  queue drains, and at least the replicas on their way while the queue they will meet is not
-  empty. Whether the fleet drains its queue is read from the arrival rate against its
-  throughput, and checked against the queue itself: a queue seen not to shrink at an unchanged
-  ready count is not draining, however low a lagging counter rate reads (`arrivals_seen`). It
-  replaces `concurrency` (and `queue_slo`). A reactive queue metric counts every queued request
-  as a slot needed now; during a cold start the queue keeps growing, so it asks again and again
-  for work the replicas already on their way will drain, then holds the excess through the
-  scale-down window: a sawtooth at several times the GPU-hours. Without an S that holds under load
-  (`loaded_service_time`) the concurrency term stands.
+- queue: (arrival_rate x S + B_today x min(1, S / D) + B_later x min(1, S / H)) / targetConcurrency,
+  where while nothing waits the arrivals are those the tokens term stands for at this S
+  (`token_flow`: tokens x targetConcurrency / S, in the flow and in the backlog model), and B is the
+  backlog a replica asked now would meet when it serves, a horizon H from now (today's `waiting`,
+  grown or drained at arrivals minus the ready replicas' throughput until the replicas already asked
+  for serve, then of all of them; `backlog_ahead`): with nothing on its way, the part of it waiting
+  today (a queue the fleet will not drain) is drained within D (`queueTimeSloSeconds`, else one S);
+  the rest (what builds up during a cold start, or what the replicas on their way leave) within one
+  more horizon. A backlog drained within a time T takes B x S / T slots when T is longer than S (a
+  slot admits T / S of them in turn), but B slots when it is shorter: each admitted request holds
+  its slot for S, so a queue of 68 on an LLM fleet (S = 29 s) due within a 2 s SLO needs 68 slots,
+  not 68 x 29 / 2 = 986. At least the busy replicas while a queue drains, and at least the replicas
+  on their way while the queue they will meet is not empty. Whether the fleet drains its queue is
+  read from the arrival rate against its throughput, and checked against the queue itself: a queue
+  seen not to shrink at an unchanged ready count is not draining, however low a lagging counter rate
+  reads (`arrivals_seen`). It replaces `concurrency` (and `queue_slo`). A reactive queue metric
+  counts every queued request as a slot needed now; during a cold start the queue keeps growing, so
+  it asks again and again for work the replicas already on their way will drain, then holds the
+  excess through the scale-down window: a sawtooth at several times the GPU-hours. Without an S that
+  holds under load (`loaded_service_time`) the concurrency term stands.
 """
 
 from __future__ import annotations
@@ -267,7 +269,9 @@ def queue_term(
     The backlog a replica asked now would meet (`backlog_ahead`) is split: with nothing on its
     way, the part waiting today that the fleet will not clear drains within D (the queue-time
     SLO, else one S, as the concurrency term would); the rest (what builds during a cold start,
-    or what the replicas on their way leave) within a horizon. A saturated fleet in steady state
+    or what the replicas on their way leave) within a horizon. A backlog due within T takes
+    min(1, S / T) slots per request: a slot admits one request per S, so within a T shorter
+    than S each request needs a slot of its own. A saturated fleet in steady state
     (a closed loop of clients) neither grows nor drains its queue, arrivals equal to its
     throughput within measurement noise, so only a clear surplus (DRAIN_SURPLUS) counts as
     draining, and a queue seen not to shrink does not (`arrivals_seen`). Busy replicas are kept
@@ -299,7 +303,11 @@ def queue_term(
     # targetConcurrency are still that many replicas; their overflow is in the flow already).
     busy = min(signal.running or 0.0, fleet.ready * spec.target_concurrency)
     draining = busy if waiting >= 1.0 else 0.0
-    slots = max(flow, draining) + today * s / drain_s + (backlog - today) * s / fleet.horizon_s
+    slots = (
+        max(flow, draining)
+        + today * min(1.0, s / drain_s)
+        + (backlog - today) * min(1.0, s / fleet.horizon_s)
+    )
     queue = slots / spec.target_concurrency
     floor = float(fleet.ready + fleet.pending) if ahead.pending_meet > 0 else 0.0
     return queue, flow / spec.target_concurrency, floor

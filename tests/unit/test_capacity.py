@@ -205,6 +205,22 @@ def test_a_queue_the_fleet_cannot_drain_is_drained_within_one_service_time():
     assert found.replicas == pytest.approx((2 + 14) / 4)
 
 
+def test_a_queue_due_within_an_slo_shorter_than_a_service_time_takes_a_slot_per_request():
+    # An LLM fleet: 4 replicas run 100 each (targetConcurrency) at S = 20 s, as many arrive as
+    # they complete (20 req/s), and 40 wait with a 2 s queue-time SLO. Admitting the 40 within
+    # 2 s takes 40 more slots, each held for S: 0.4 of a replica, not 40 x 20 / 2 = 400 slots.
+    spec = CapacitySpec(target_concurrency=100, queue_time_slo_s=2.0)
+    stuck = signal(running=400, waiting=40, arrival_rate=20.0, service_time_s=20.0)
+    found = need(stuck, spec, Fleet(horizon_s=210, ready=4))
+    assert found is not None and found.term == "queue"
+    assert found.replicas == pytest.approx((400 + 40) / 100)
+    # Within an SLO longer than S a slot admits SLO / S requests in turn: 40 x 20 / 60 slots.
+    patient = CapacitySpec(target_concurrency=100, queue_time_slo_s=60.0)
+    found = need(stuck, patient, Fleet(horizon_s=210, ready=4))
+    assert found is not None
+    assert found.replicas == pytest.approx((400 + 40 * 20 / 60) / 100)
+
+
 def test_a_saturated_fleet_whose_arrivals_match_its_throughput_keeps_its_queue():
     # Arrivals within 10% of what the ready replicas complete: neither drains nor grows as far as
     # the measurements can tell (a closed loop of clients). Today's queue is there to stay.
