@@ -1,7 +1,7 @@
 """The default decision on every replay case, fast: always-on, the scaler and the oracle only.
 
-Usage: python bench/decision_cases.py [--seed 0] [--cold-start 180] [--cases conv,code,...]
-       [--metadata KEY=VALUE ...] [--jobs 2]
+Usage: python bench/decision_cases.py [--seed 0 | --seeds 0,1,2] [--cold-start 180]
+       [--cases conv,code,...] [--metadata KEY=VALUE ...] [--jobs 2]
 
 `bench/run_replay_all.sh` runs every policy (the KEDA and reactive-bound sweeps, the companion
 rows) on every case at two cold starts, in about half an hour; a change to the decision is judged
@@ -10,6 +10,10 @@ The cases are read from that script (its CASES lines), so the two never disagree
 per case, the scaler's SLO attainment and GPU-hours, and their ratio to the oracle's GPU-hours
 (the baseline, run in the same process on the same requests), then the mean attainment and
 ratio over the traces that never idle (idle-bursts is a scale-from-zero case, judged apart).
+With `--seeds` every case runs at each seed (the seed draws each request's prompt and output
+lengths, so the same arrivals carry other work): a table per seed, then each case's mean over the
+seeds. Which node a swing of the need launches or releases moves one trace by several percent
+from one seed to the next, so a change to the decision is judged on more than one.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ def case_parser(description: str, known: dict[str, ReplayOptions]) -> argparse.A
     """The options every per-case bench script takes (`chosen` reads them)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", help="several seeds, comma separated (overrides --seed)")
     parser.add_argument("--cold-start", type=float, default=180.0)
     parser.add_argument("--cases", default=",".join(known), help=f"of: {', '.join(known)}")
     parser.add_argument("--jobs", type=int, default=2, help="cases run side by side")
@@ -118,22 +123,68 @@ def main() -> None:
     meta = parse_metadata(args.metadata)
     if meta is None:
         sys.exit(2)
-    picked = chosen(parser, args, known, meta)
-    if args.no_kv_preemption:
-        picked = {n: dataclasses.replace(o, preemption=False) for n, o in picked.items()}
-    results = run_all(run_case, picked, args.jobs)
-    print(
-        f"seed {args.seed}, cold start {args.cold_start:g} s, metadata {meta or 'none'}"
-        f"{', no KV preemption' if args.no_kv_preemption else ''}"
-    )
-    print("| case | scaler | / oracle GPU-h | oracle | always-on | wall s |")
-    print("|---|--:|--:|--:|--:|--:|")
+    seeds = seed_list(parser, args.seeds) if args.seeds else [args.seed]
+    jobs: dict[str, ReplayOptions] = {}
+    for seed in seeds:
+        picked = chosen(parser, argparse.Namespace(**{**vars(args), "seed": seed}), known, meta)
+        if args.no_kv_preemption:
+            picked = {n: dataclasses.replace(o, preemption=False) for n, o in picked.items()}
+        jobs.update({f"{n}{SEED_SEP}{seed}": o for n, o in picked.items()})
+    results = run_all(run_case, jobs, args.jobs)
+    by_case: dict[str, list[dict[str, tuple[float, float]]]] = {}
+    for seed in seeds:
+        print(
+            f"seed {seed}, cold start {args.cold_start:g} s, metadata {meta or 'none'}"
+            f"{', no KV preemption' if args.no_kv_preemption else ''}"
+        )
+        mine = [
+            (n.rpartition(SEED_SEP)[0], out, wall)
+            for n, out, wall in results
+            if n.rpartition(SEED_SEP)[2] == str(seed)
+        ]
+        table(mine)
+        for name, out, _ in mine:
+            by_case.setdefault(name, []).append(out)
+        print()
+    if len(seeds) > 1:
+        print(f"mean over seeds {', '.join(map(str, seeds))}")
+        table([(name, mean_out(outs), 0.0) for name, outs in by_case.items()], wall=False)
+
+
+SEED_SEP = "@"
+
+
+def seed_list(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds takes whole numbers separated by commas, not {text!r}")
+    if not seeds:
+        parser.error("--seeds: name at least one seed")
+    return seeds
+
+
+def mean_out(outs: list[dict[str, tuple[float, float]]]) -> dict[str, tuple[float, float]]:
+    """Each policy's attainment and GPU-hours averaged over the seeds' runs."""
+    return {
+        policy: (
+            sum(o[policy][0] for o in outs) / len(outs),
+            sum(o[policy][1] for o in outs) / len(outs),
+        )
+        for policy in outs[0]
+    }
+
+
+def table(rows: list[tuple[str, dict[str, tuple[float, float]], float]], wall: bool = True) -> None:
+    """The per-case table, and the mean over the traces that never idle."""
+    print("| case | scaler | / oracle GPU-h | oracle | always-on |" + (" wall s |" if wall else ""))
+    print("|---|--:|--:|--:|--:|" + ("--:|" if wall else ""))
     attained, ratios = [], []
-    for name, out, wall in results:
+    for name, out, seconds in rows:
         (sa, sg), (oa, og), (fa, fg) = out["scaler"], out["oracle"], out["always-on"]
         print(
             f"| {name} | {sa:.4f} / {sg:.2f} | {sg / og:.3f}x | {oa:.4f} / {og:.2f} "
-            f"| {fa:.4f} / {fg:.2f} | {wall:.0f} |"
+            f"| {fa:.4f} / {fg:.2f} |" + (f" {seconds:.0f} |" if wall else "")
         )
         if name != IDLE:
             attained.append(sa)

@@ -77,8 +77,11 @@ class Fleet(NamedTuple):
     queue_trend: float | None = None
     # False when the queue is new and small (`policy.new_small_queue`): none on the observation
     # before, at this ready count, and fewer waiting than ready replicas. A request waiting a
-    # moment (a prefill scheduled behind another, on a server far from its batch limit) does not
-    # show a saturated fleet; a queue seen twice, or one per replica, may (`backlog_ahead`).
+    # moment (a prefill scheduled behind another, or a KV-full server making room) does not show
+    # a saturated fleet; a queue seen twice, or one per replica, may. Every reading of
+    # saturation in the queue term follows it: the servers' own batch limit (`backlog_ahead`),
+    # arrivals raised to the queue's growth (`arrivals_seen`) and the busy replicas kept as a
+    # floor under the queue (`queue_term`).
     queue_held: bool = True
 
 
@@ -276,7 +279,9 @@ def queue_term(
     throughput within measurement noise, so only a clear surplus (DRAIN_SURPLUS) counts as
     draining, and a queue seen not to shrink does not (`arrivals_seen`). Busy replicas are kept
     while a queue drains (`running`, up to the ready replicas), and the replicas on their way
-    while the queue they will meet is not empty."""
+    while the queue they will meet is not empty. A new small queue (`Fleet.queue_held` False)
+    is none of these: its growth is not taken for arrivals and it keeps no busy floor, so one
+    request waiting a moment on a fleet at its target asks for no replica (a whole node)."""
     arrivals, waiting = signal.arrival_rate, signal.waiting
     if fleet.ready is None or fleet.horizon_s <= 0 or not s or arrivals is None or waiting is None:
         return None
@@ -286,7 +291,8 @@ def queue_term(
         # a fleet keeping up (nothing waits) is not modelled as falling behind by an S read high.
         arrivals = tokens * spec.target_concurrency / s
     ahead = backlog_ahead(signal, spec.target_concurrency, s, fleet, arrivals)
-    evident = arrivals_seen(arrivals, waiting, ahead.ready_rate, fleet.queue_trend)
+    trend = fleet.queue_trend if fleet.queue_held else None  # a moment's queue: no surge
+    evident = arrivals_seen(arrivals, waiting, ahead.ready_rate, trend)
     if evident > arrivals:
         ahead = backlog_ahead(signal, spec.target_concurrency, s, fleet, evident)
     backlog = ahead.new_meets
@@ -302,7 +308,7 @@ def queue_term(
     # The busy replicas while a queue waits (at most the ready ones: servers batching past
     # targetConcurrency are still that many replicas; their overflow is in the flow already).
     busy = min(signal.running or 0.0, fleet.ready * spec.target_concurrency)
-    draining = busy if waiting >= 1.0 else 0.0
+    draining = busy if waiting >= 1.0 and fleet.queue_held else 0.0
     slots = (
         max(flow, draining)
         + today * min(1.0, s / drain_s)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import pytest
 from hypothesis import assume, given, settings
@@ -1145,6 +1147,22 @@ def test_with_token_capacities_any_fleet_reads_the_same_need_from_its_first_tick
         assert decision.need >= work - 1e-9
 
 
+def queue_seen(
+    at: float, waiting: float, running: float, arrival_rate: float, ready: int
+) -> Signal:
+    """A fleet's signal at `at` with `waiting` queued (the queue tests' servers)."""
+    queue = {"waiting": waiting, "running": running, "arrival_rate": arrival_rate}
+    return Signal(at=at, source="t", ready_pods=ready, **queue)
+
+
+def unqueued(spec: WorkloadSpec, shows: Callable[[float, float], Signal]) -> PolicyState:
+    """The state after six observations 5 s apart from T0 with nothing waiting."""
+    state = PolicyState()
+    for i in range(6):
+        _, state = decide(spec, shows(T0 + 5.0 * i, 0.0), state, T0 + 5.0 * i, STALE)
+    return state
+
+
 def test_a_request_waiting_a_moment_does_not_read_the_fleet_as_saturated() -> None:
     """A queue on servers running fewer than targetConcurrency means their own batch limit is
     reached: throughput is then what they run, and the backlog of a horizon at arrivals above it
@@ -1153,15 +1171,8 @@ def test_a_request_waiting_a_moment_does_not_read_the_fleet_as_saturated() -> No
     trace asked for a fifth node every few minutes that was gone before it served. A queue seen
     on two observations in a row still is, and so is a new one of a request per replica."""
     spec = make_spec(targetConcurrency=8, serviceTimeSeconds=10, scaleDownStabilizationSeconds=0)
-
-    def fleet_shows(at: float, waiting: float) -> Signal:
-        return Signal(
-            at=at, source="t", waiting=waiting, running=91.0, arrival_rate=12.0, ready_pods=32
-        )
-
-    state = PolicyState()
-    for i in range(6):
-        _, state = decide(spec, fleet_shows(T0 + 5.0 * i, 0.0), state, T0 + 5.0 * i, STALE)
+    fleet_shows = functools.partial(queue_seen, running=91.0, arrival_rate=12.0, ready=32)
+    state = unqueued(spec, fleet_shows)
     flow = 12.0 * 10.0 / 8.0  # 15 replicas
     before_queue = state
     moment, state = decide(spec, fleet_shows(T0 + 30.0, 1.0), state, T0 + 30.0, STALE)
@@ -1175,6 +1186,23 @@ def test_a_request_waiting_a_moment_does_not_read_the_fleet_as_saturated() -> No
     # (every server may have one waiting): a surge is not met an observation late.
     deep, _ = decide(spec, fleet_shows(T0 + 30.0, 32.0), before_queue, T0 + 30.0, STALE)
     assert deep is not None and deep.need is not None and deep.need > flow + 3.0
+
+
+def test_a_new_small_queue_on_a_fleet_at_its_target_asks_for_no_replica_more() -> None:
+    """A fleet running at its targetConcurrency keeps its busy replicas while a queue drains,
+    and the queue's growth says arrivals outrun it; a request or two that wait a moment on a
+    KV-full fleet are neither. Read so, one waiting request on 40 replicas at 87 running each
+    (target 86) asked for a 41st replica, a whole node of 8, on the demo trace. A queue seen
+    twice is read as before: the busy replicas stay a floor under it."""
+    spec = make_spec(targetConcurrency=86, serviceTimeSeconds=26, scaleDownStabilizationSeconds=0)
+    fleet_shows = functools.partial(queue_seen, running=3489.0, arrival_rate=112.7, ready=40)
+    state = unqueued(spec, fleet_shows)
+    flow = 112.7 * 26.0 / 86.0  # 34.07 replicas
+    moment, state = decide(spec, fleet_shows(T0 + 30.0, 2.0), state, T0 + 30.0, STALE)
+    assert moment is not None and moment.need == pytest.approx(flow)
+    assert moment.replicas == math.ceil(flow)
+    held, _ = decide(spec, fleet_shows(T0 + 35.0, 5.0), state, T0 + 35.0, STALE)
+    assert held is not None and held.need is not None and held.need >= 40.0
 
 
 # --- headroom in closed loop on measured attainment ---------------------------------------------
