@@ -80,8 +80,8 @@ class Fleet(NamedTuple):
     # moment (a prefill scheduled behind another, or a KV-full server making room) does not show
     # a saturated fleet; a queue seen twice, or one per replica, may. Every reading of
     # saturation in the queue term follows it: the servers' own batch limit (`backlog_ahead`),
-    # arrivals raised to the queue's growth (`arrivals_seen`) and the busy replicas kept as a
-    # floor under the queue (`queue_term`).
+    # arrivals raised to the queue's growth (`arrivals_seen`), the busy replicas kept as a
+    # floor under the queue (`queue_term`) and the token counters' flow set aside (`token_flow`).
     queue_held: bool = True
 
 
@@ -156,7 +156,7 @@ def token_work(signal: Signal, spec: CapacitySpec) -> float | None:
     return work
 
 
-def token_flow(signal: Signal, work: float | None) -> float | None:
+def token_flow(signal: Signal, work: float | None, queue_held: bool = True) -> float | None:
     """The flow in replicas from the token counters (`work`: this signal's `token_work`), when
     they measure demand: with a capacity configured and nothing waiting, what the servers
     generate and prefill per second is what arrives, so the work is the replicas the arrivals
@@ -166,9 +166,12 @@ def token_flow(signal: Signal, work: float | None) -> float | None:
     read on the replay bench: bench/results/decision.md). While a request waits the counters
     show what the fleet serves, not what arrives (a short fleet serves less than the demand), so
     the arrivals' flow stands; None then, and without a configured capacity or a finite rate.
+    A new small queue (`queue_held` False: `Fleet.queue_held`) is not a short fleet: the counters
+    stay the flow through it (read as arrivals x S instead, one request waiting on 48 replicas
+    moved the demo trace's need from the counters' 41 to 48, a node).
     Capacities set too high size the fleet short here until a queue forms; then the queue term
     and the closed loop's headroom take over (docs/tuning.md)."""
-    if signal.waiting is None or signal.waiting >= 1.0 or work is None:
+    if signal.waiting is None or (signal.waiting >= 1.0 and queue_held) or work is None:
         return None
     return work if math.isfinite(work) else None
 
@@ -339,7 +342,7 @@ def need(
         s = service_time(signal, spec)
         loaded = loaded_service_time(signal, spec)
     work = token_work(signal, spec)
-    tokens = token_flow(signal, work)
+    tokens = token_flow(signal, work, fleet is None or fleet.queue_held)
     queued = queue_term(signal, spec, fleet, loaded, tokens) if fleet is not None else None
     steady_queue: float | None = None
     floor = 0.0

@@ -1205,6 +1205,33 @@ def test_a_new_small_queue_on_a_fleet_at_its_target_asks_for_no_replica_more() -
     assert held is not None and held.need is not None and held.need >= 40.0
 
 
+def test_the_token_counters_stay_the_flow_through_a_moments_queue() -> None:
+    """With token capacities configured the counters are the flow while nothing waits; a queue
+    brings arrivals x S back, since a short fleet serves less than arrives. A request or two
+    waiting a moment on 48 replicas is not a short fleet: the counters still show what arrives.
+    Read as arrivals x S (17% above the counters on the demo trace), one waiting request asked
+    for a seventh node and held it for the stabilization window."""
+    spec = make_spec(
+        targetConcurrency=86,
+        serviceTimeSeconds=26,
+        prefillTokensPerSecond=20_000,
+        decodeTokensPerSecond=4_000,
+        scaleDownStabilizationSeconds=0,
+    )
+    tokens = {"prompt_tokens_rate": 160_000.0, "generation_tokens_rate": 132_000.0}  # 8 + 33
+
+    def fleet_shows(at: float, waiting: float) -> Signal:
+        plain = queue_seen(at, waiting, running=3895.0, arrival_rate=159.3, ready=48)
+        return plain._replace(**tokens)
+
+    state = unqueued(spec, fleet_shows)
+    moment, state = decide(spec, fleet_shows(T0 + 30.0, 1.0), state, T0 + 30.0, STALE)
+    assert moment is not None and moment.need == pytest.approx(41.0)
+    held, _ = decide(spec, fleet_shows(T0 + 35.0, 3.0), state, T0 + 35.0, STALE)
+    assert held is not None and held.need is not None
+    assert held.need >= 159.3 * 26 / 86  # arrivals x S: 48.2
+
+
 # --- headroom in closed loop on measured attainment ---------------------------------------------
 
 
