@@ -1211,13 +1211,8 @@ def test_the_token_counters_stay_the_flow_through_a_moments_queue() -> None:
     waiting a moment on 48 replicas is not a short fleet: the counters still show what arrives.
     Read as arrivals x S (17% above the counters on the demo trace), one waiting request asked
     for a seventh node and held it for the stabilization window."""
-    spec = make_spec(
-        targetConcurrency=86,
-        serviceTimeSeconds=26,
-        prefillTokensPerSecond=20_000,
-        decodeTokensPerSecond=4_000,
-        scaleDownStabilizationSeconds=0,
-    )
+    capacities = {"prefillTokensPerSecond": 20_000, "decodeTokensPerSecond": 4_000}
+    spec = make_spec(targetConcurrency=86, serviceTimeSeconds=26, **capacities)
     tokens = {"prompt_tokens_rate": 160_000.0, "generation_tokens_rate": 132_000.0}  # 8 + 33
 
     def fleet_shows(at: float, waiting: float) -> Signal:
