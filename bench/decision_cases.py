@@ -74,7 +74,6 @@ def case_parser(description: str, known: dict[str, ReplayOptions]) -> argparse.A
     """The options every per-case bench script takes (`chosen` reads them)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seeds", help="several seeds, comma separated (overrides --seed)")
     parser.add_argument("--cold-start", type=float, default=180.0)
     parser.add_argument("--cases", default=",".join(known), help=f"of: {', '.join(known)}")
     parser.add_argument("--jobs", type=int, default=2, help="cases run side by side")
@@ -114,6 +113,7 @@ def main() -> None:
     known = cases()
     parser = case_parser(__doc__.splitlines()[0], known)
     parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--seeds", help="several seeds, comma separated (overrides --seed)")
     parser.add_argument(
         "--no-kv-preemption",
         action="store_true",
