@@ -124,34 +124,23 @@ def main() -> None:
     if meta is None:
         sys.exit(2)
     seeds = seed_list(parser, args.seeds) if args.seeds else [args.seed]
-    jobs: dict[str, ReplayOptions] = {}
+    by_case: dict[str, list[dict[str, tuple[float, float]]]] = {}
     for seed in seeds:
         picked = chosen(parser, argparse.Namespace(**{**vars(args), "seed": seed}), known, meta)
         if args.no_kv_preemption:
             picked = {n: dataclasses.replace(o, preemption=False) for n, o in picked.items()}
-        jobs.update({f"{n}{SEED_SEP}{seed}": o for n, o in picked.items()})
-    results = run_all(run_case, jobs, args.jobs)
-    by_case: dict[str, list[dict[str, tuple[float, float]]]] = {}
-    for seed in seeds:
+        results = run_all(run_case, picked, args.jobs)
         print(
             f"seed {seed}, cold start {args.cold_start:g} s, metadata {meta or 'none'}"
             f"{', no KV preemption' if args.no_kv_preemption else ''}"
         )
-        mine = [
-            (n.rpartition(SEED_SEP)[0], out, wall)
-            for n, out, wall in results
-            if n.rpartition(SEED_SEP)[2] == str(seed)
-        ]
-        table(mine)
-        for name, out, _ in mine:
+        table(results)
+        for name, out, _ in results:
             by_case.setdefault(name, []).append(out)
         print()
     if len(seeds) > 1:
         print(f"mean over seeds {', '.join(map(str, seeds))}")
         table([(name, mean_out(outs), 0.0) for name, outs in by_case.items()], wall=False)
-
-
-SEED_SEP = "@"
 
 
 def seed_list(parser: argparse.ArgumentParser, text: str) -> list[int]:

@@ -79,9 +79,10 @@ class Fleet(NamedTuple):
     # before, at this ready count, and fewer waiting than ready replicas. A request waiting a
     # moment (a prefill scheduled behind another, or a KV-full server making room) does not show
     # a saturated fleet; a queue seen twice, or one per replica, may. Every reading of
-    # saturation in the queue term follows it: the servers' own batch limit (`backlog_ahead`),
-    # arrivals raised to the queue's growth (`arrivals_seen`), the busy replicas kept as a
-    # floor under the queue (`queue_term`) and the token counters' flow set aside (`token_flow`).
+    # saturation takes the queue through `standing_queue`: the servers' own batch limit
+    # (`backlog_ahead`), arrivals raised to the queue's growth (`arrivals_seen`), the busy
+    # replicas kept as a floor under the queue (`queue_term`) and the token counters' flow set
+    # aside (`token_flow`).
     queue_held: bool = True
 
 
@@ -156,7 +157,13 @@ def token_work(signal: Signal, spec: CapacitySpec) -> float | None:
     return work
 
 
-def token_flow(signal: Signal, work: float | None, queue_held: bool = True) -> float | None:
+def standing_queue(signal: Signal, fleet: Fleet | None) -> bool:
+    """A request or more waits, and not as a new small queue (`Fleet.queue_held`): the queue
+    every reading of a fleet short of its demand takes (see `Fleet.queue_held`)."""
+    return (signal.waiting or 0.0) >= 1.0 and (fleet is None or fleet.queue_held)
+
+
+def token_flow(signal: Signal, work: float | None, fleet: Fleet | None = None) -> float | None:
     """The flow in replicas from the token counters (`work`: this signal's `token_work`), when
     they measure demand: with a capacity configured and nothing waiting, what the servers
     generate and prefill per second is what arrives, so the work is the replicas the arrivals
@@ -166,12 +173,12 @@ def token_flow(signal: Signal, work: float | None, queue_held: bool = True) -> f
     read on the replay bench: bench/results/decision.md). While a request waits the counters
     show what the fleet serves, not what arrives (a short fleet serves less than the demand), so
     the arrivals' flow stands; None then, and without a configured capacity or a finite rate.
-    A new small queue (`queue_held` False: `Fleet.queue_held`) is not a short fleet: the counters
+    A new small queue (`Fleet.queue_held` False) is not a short fleet: the counters
     stay the flow through it (read as arrivals x S instead, one request waiting on 48 replicas
     moved the demo trace's need from the counters' 41 to 48, a node).
     Capacities set too high size the fleet short here until a queue forms; then the queue term
     and the closed loop's headroom take over (docs/tuning.md)."""
-    if signal.waiting is None or (signal.waiting >= 1.0 and queue_held) or work is None:
+    if signal.waiting is None or standing_queue(signal, fleet) or work is None:
         return None
     return work if math.isfinite(work) else None
 
@@ -226,8 +233,7 @@ def backlog_ahead(
     arrivals = (signal.arrival_rate or 0.0) if arrivals is None else arrivals
     ready = fleet.ready or 0
     concurrency = per_replica
-    at_batch_limit = (signal.waiting or 0.0) >= 1.0 and fleet.queue_held
-    if ready and at_batch_limit and signal.running is not None:
+    if ready and standing_queue(signal, fleet) and signal.running is not None:
         concurrency = min(concurrency, max(signal.running / ready, 1e-9))
     per_replica_rate = concurrency / s
     now_rate = ready * per_replica_rate
@@ -294,7 +300,8 @@ def queue_term(
         # a fleet keeping up (nothing waits) is not modelled as falling behind by an S read high.
         arrivals = tokens * spec.target_concurrency / s
     ahead = backlog_ahead(signal, spec.target_concurrency, s, fleet, arrivals)
-    trend = fleet.queue_trend if fleet.queue_held else None  # a moment's queue: no surge
+    standing = standing_queue(signal, fleet)
+    trend = fleet.queue_trend if standing else None  # a moment's queue: no surge
     evident = arrivals_seen(arrivals, waiting, ahead.ready_rate, trend)
     if evident > arrivals:
         ahead = backlog_ahead(signal, spec.target_concurrency, s, fleet, evident)
@@ -311,7 +318,7 @@ def queue_term(
     # The busy replicas while a queue waits (at most the ready ones: servers batching past
     # targetConcurrency are still that many replicas; their overflow is in the flow already).
     busy = min(signal.running or 0.0, fleet.ready * spec.target_concurrency)
-    draining = busy if waiting >= 1.0 and fleet.queue_held else 0.0
+    draining = busy if standing else 0.0
     slots = (
         max(flow, draining)
         + today * min(1.0, s / drain_s)
@@ -342,7 +349,7 @@ def need(
         s = service_time(signal, spec)
         loaded = loaded_service_time(signal, spec)
     work = token_work(signal, spec)
-    tokens = token_flow(signal, work, fleet is None or fleet.queue_held)
+    tokens = token_flow(signal, work, fleet)
     queued = queue_term(signal, spec, fleet, loaded, tokens) if fleet is not None else None
     steady_queue: float | None = None
     floor = 0.0
