@@ -19,6 +19,7 @@ from gpu_queue_scaler_bench.sim.verdict import (
     LIMIT_BURSTY,
     LIMIT_SMOOTH,
     Outcome,
+    Verdict,
     judge,
 )
 
@@ -47,7 +48,10 @@ def _verdict(runs: list[tuple[Path, int, str, dict[str, Any]]], row: str = "scal
         f"{LIMIT_SMOOTH:g} on smooth and diurnal traces, <= {LIMIT_BURSTY:g} on bursty ones "
         "(Azure code, deepseek-r1); **always-on**: never more GPU-h at equal attainment; "
         "**KEDA**: ahead = fewer misses at no more GPU-h, or fewer GPU-h at no more misses; "
-        "behind = the KEDA row is ahead of it; mixed = neither.",
+        "behind = the KEDA row is ahead of it; mixed = neither. Beside a goal missed, whether "
+        "the reactive bound (hindsight) meets it: **bound met**, the gap is in how the scaler "
+        "reads the present; **bound too**, reading the present perfectly and holding it as "
+        "long is not enough on that trace: the way to the goal is foresight or a different hold.",
         "",
         "| trace | SLO (oracle) | GPU-h / oracle | vs always-on | "
         + " | ".join(f"vs {name}" for name in KEDA_ROWS)
@@ -56,6 +60,18 @@ def _verdict(runs: list[tuple[Path, int, str, dict[str, Any]]], row: str = "scal
     ]
     met = {"slo": 0, "cost": 0, "always": 0, "keda": 0}
     counted = {"slo": 0, "cost": 0, "always": 0, "keda": 0}
+    missed, bound_too = 0, 0
+
+    def missed_word(v: Verdict, goal: str) -> str:
+        """'missed', with what the reactive bound says of the goal (`Verdict.bound_meets`)."""
+        nonlocal missed, bound_too
+        missed += 1
+        reach = v.bound_meets()[goal]
+        if reach is None:
+            return "missed"
+        bound_too += not reach
+        return "missed, bound " + ("met" if reach else "too")
+
     for _, _, _, found in runs:
         if found["cold_start_s"] != 180:
             continue
@@ -69,14 +85,15 @@ def _verdict(runs: list[tuple[Path, int, str, dict[str, Any]]], row: str = "scal
         met["slo"] += v.slo_met
         slo = (
             f"{v.scaler.attainment:.3f} ({v.oracle.attainment:.3f}) "
-            f"{'met' if v.slo_met else 'missed'}"
+            f"{'met' if v.slo_met else missed_word(v, 'slo')}"
         )
         if v.cost_met is None:
             cost = f"{v.ratio:.2f}x (no goal)"
         else:
             counted["cost"] += 1
             met["cost"] += v.cost_met
-            cost = f"{v.ratio:.2f}x {'met' if v.cost_met else 'missed'} (<= {v.limit:g})"
+            word = "met" if v.cost_met else missed_word(v, "cost")
+            cost = f"{v.ratio:.2f}x {word} (<= {v.limit:g})"
         counted["always"] += 1
         met["always"] += v.cheaper_than_always_on
         always = (
@@ -84,6 +101,8 @@ def _verdict(runs: list[tuple[Path, int, str, dict[str, Any]]], row: str = "scal
             f"{'cheaper' if v.cheaper_than_always_on else 'costlier'} "
             f"({v.always_on.attainment:.3f})"
         )
+        if not v.cheaper_than_always_on:
+            always += missed_word(v, "always-on").removeprefix("missed")
         keda = {name: "—" for name in KEDA_ROWS}
         for name, word, other in v.keda_verdicts():
             counted["keda"] += 1
@@ -96,7 +115,7 @@ def _verdict(runs: list[tuple[Path, int, str, dict[str, Any]]], row: str = "scal
         f"Met: SLO on {met['slo']} of {counted['slo']} traces; GPU-hours limit on "
         f"{met['cost']} of {counted['cost']}; no costlier than always-on on {met['always']} of "
         f"{counted['always']}; ahead of a KEDA row in {met['keda']} of {counted['keda']} "
-        "comparisons.",
+        f"comparisons. Of the {missed} goals missed, the reactive bound misses {bound_too} too.",
         "",
     ]
     return out

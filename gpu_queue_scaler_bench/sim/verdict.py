@@ -15,6 +15,12 @@ One place for the goals, so the replay's table (`scaler demo`, `scaler bench rep
   GPU-hours at no more misses; behind = the KEDA row is ahead of the scaler; mixed = neither.
 
 A goal missed is printed in capitals on the first screen: the bench reports it, never hides it.
+Beside each goal missed, when the run has the `reactive-bound(hindsight)` row (the oracle's exact
+need now, no lag and no noise, with the best headroom in hindsight, held for the scaler's window),
+the verdict says whether that bound meets it. Where it does, the gap is in how the scaler reads
+the present; where it does not, reading the present perfectly and holding it as long is not
+enough on that trace, and the way to the goal is foresight (the forecast) or a different hold.
+The goal stays missed either way.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpu_queue_scaler_bench.sim.policies import KEDA_INFLIGHT, KEDA_INFLIGHT_BEST
+from gpu_queue_scaler_bench.sim.policies import KEDA_INFLIGHT, KEDA_INFLIGHT_BEST, REACTIVE_BEST
 
 GOAL_ATTAINMENT = 0.99
 BURSTY = ("AzureLLMInferenceTrace_code", "aggregate_rate_reason_deepseek-r1")
@@ -77,10 +83,18 @@ class Verdict:
     keda: tuple[tuple[str, Outcome], ...]
     limit: float | None
     kind: str
+    bound: Outcome | None = None  # the reactive bound's row, if the run has it
+
+    def _slo_met(self, row: Outcome) -> bool:
+        return row.attainment >= GOAL_ATTAINMENT or self.oracle.attainment < GOAL_ATTAINMENT
+
+    def _cost_met(self, row: Outcome) -> bool | None:
+        o = self.oracle.gpu_hours
+        return None if self.limit is None else row.gpu_hours <= self.limit * o
 
     @property
     def slo_met(self) -> bool:
-        return self.scaler.attainment >= GOAL_ATTAINMENT or self.oracle.attainment < GOAL_ATTAINMENT
+        return self._slo_met(self.scaler)
 
     @property
     def ratio(self) -> float:
@@ -89,11 +103,37 @@ class Verdict:
 
     @property
     def cost_met(self) -> bool | None:
-        return None if self.limit is None else self.ratio <= self.limit
+        return self._cost_met(self.scaler)
 
     @property
     def cheaper_than_always_on(self) -> bool:
         return self.scaler.gpu_hours <= self.always_on.gpu_hours
+
+    def bound_meets(self) -> dict[str, bool | None]:
+        """Whether the reactive bound meets each goal ("slo", "cost", "always-on"); None where
+        the run has no bound or the goal has no limit."""
+        b = self.bound
+        if b is None:
+            return {"slo": None, "cost": None, "always-on": None}
+        return {
+            "slo": self._slo_met(b),
+            "cost": self._cost_met(b),
+            "always-on": b.gpu_hours <= self.always_on.gpu_hours,
+        }
+
+    def _reach(self, goal: str) -> str:
+        """What the reactive bound says about a goal the scaler missed (see the module
+        docstring), or nothing."""
+        met, b = self.bound_meets()[goal], self.bound
+        if met is None or b is None:
+            return ""
+        figures = f"{b.attainment:.4f} / {b.gpu_hours:.2f} GPU-h"
+        if met:
+            return f"; the reactive bound meets it ({figures}): the gap is in reading the present"
+        return (
+            f"; the reactive bound misses it too ({figures}): reading the present perfectly, "
+            "held as long, is not enough here; the oracle's foresight is"
+        )
 
     def keda_verdicts(self) -> tuple[tuple[str, str, Outcome], ...]:
         return tuple((name, against(self.scaler, o), o) for name, o in self.keda)
@@ -101,16 +141,16 @@ class Verdict:
     def lines(self, slo_s: float) -> list[str]:
         """The verdict as the replay's table prints it, a goal per line."""
         s, o, f = self.scaler, self.oracle, self.always_on
-        slo = "met" if self.slo_met else "MISSED"
+        slo = "met" if self.slo_met else "MISSED" + self._reach("slo")
         cost = (
             "no limit for a trace of unknown kind"
             if self.cost_met is None
             else f"goal <= {self.limit:g} on {self.kind} traffic: "
-            + ("met" if self.cost_met else "MISSED")
+            + ("met" if self.cost_met else "MISSED" + self._reach("cost"))
         )
         fixed = "no more GPU-hours: met"
         if not self.cheaper_than_always_on:
-            fixed = "MORE GPU-hours: MISSED"
+            fixed = "MORE GPU-hours: MISSED" + self._reach("always-on")
         out = [
             "verdict: the scaler row against the project's goals (docs/bench.md)",
             f"  SLO: {s.attainment:.4f} of requests within {slo_s:g} s, goal >= "
@@ -135,4 +175,4 @@ def judge(trace: str, outcomes: Mapping[str, Outcome], row: str = "scaler") -> V
         return None
     limit, kind = limit_for(trace)
     keda = tuple((name, outcomes[name]) for name in KEDA_ROWS if name in outcomes)
-    return Verdict(trace, mine, oracle, fixed, keda, limit, kind)
+    return Verdict(trace, mine, oracle, fixed, keda, limit, kind, outcomes.get(REACTIVE_BEST))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_queue_scaler_bench.sim.policies import KEDA_INFLIGHT, KEDA_INFLIGHT_BEST
+from gpu_queue_scaler_bench.sim.policies import KEDA_INFLIGHT, KEDA_INFLIGHT_BEST, REACTIVE_BEST
 from gpu_queue_scaler_bench.sim.verdict import Outcome, against, judge
 
 CONV = "AzureLLMInferenceTrace_conv"  # smooth: GPU-hours <= 1.25x the oracle's
@@ -75,3 +75,26 @@ def test_no_verdict_without_the_rows_it_compares() -> None:
     assert judge(CONV, {"scaler": Outcome(1.0, 1.0), "oracle": Outcome(1.0, 1.0)}) is None
     v = judge(CONV, {k: Outcome(1.0, 1.0) for k in ("scaler", "oracle", "always-on")})
     assert v is not None and v.keda_verdicts() == ()
+
+
+def test_a_goal_missed_says_whether_reading_the_present_perfectly_would_meet_it() -> None:
+    # The demo's figures at 180 s: the reactive bound (the exact need now, no lag, the best
+    # headroom in hindsight) pays 40.6 GPU-h for 1.000, more than the fixed fleet's 38.9 too, so
+    # the always-on goal is out of a reactive rule's reach there: the verdict says so, and the
+    # goal stays MISSED. On Azure code the bound is on time where the scaler is late.
+    demo = judge(CONV, {**outcomes(Outcome(1.0, 40.7)), REACTIVE_BEST: Outcome(1.0, 40.6)})
+    assert demo is not None and demo.bound_meets()["always-on"] is False
+    always = next(line for line in demo.lines(2.0) if "vs always-on" in line)
+    assert "MORE GPU-hours: MISSED; the reactive bound misses it too (1.0000 / 40.60" in always
+    assert "reading the present perfectly, held as long, is not enough here" in always
+    code = judge(CODE, {**outcomes(Outcome(0.975, 22.2)), REACTIVE_BEST: Outcome(0.995, 31.4)})
+    assert code is not None and code.bound_meets()["slo"] is True
+    slo = code.lines(2.0)[1]
+    assert "MISSED; the reactive bound meets it (0.9950 / 31.40 GPU-h)" in slo
+    assert "the gap is in reading the present" in slo
+    # A goal met says nothing of the bound; a run without the bound says nothing either.
+    met = judge(CODE, {**outcomes(Outcome(0.995, 22.2)), REACTIVE_BEST: Outcome(0.9, 20.0)})
+    assert met is not None and "reactive bound" not in "\n".join(met.lines(2.0))
+    alone = judge(CONV, outcomes(Outcome(1.0, 40.7)))
+    assert alone is not None and alone.bound_meets()["always-on"] is None
+    assert "reactive bound" not in "\n".join(alone.lines(2.0))
