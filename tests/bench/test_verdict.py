@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from gpu_queue_scaler_bench.sim.policies import KEDA_INFLIGHT, KEDA_INFLIGHT_BEST, REACTIVE_BEST
@@ -98,3 +102,35 @@ def test_a_goal_missed_says_whether_reading_the_present_perfectly_would_meet_it(
     alone = judge(CONV, outcomes(Outcome(1.0, 40.7)))
     assert alone is not None and alone.bound_meets()["always-on"] is None
     assert "reactive bound" not in "\n".join(alone.lines(2.0))
+
+
+def test_replay_md_counts_the_goals_the_reactive_bound_misses_too() -> None:
+    # bench/replay_md.py writes the verdict table of bench/results/replay.md from the runs' JSON.
+    path = Path(__file__).resolve().parents[2] / "bench" / "replay_md.py"
+    loaded = importlib.util.spec_from_file_location("replay_md", path)
+    assert loaded is not None and loaded.loader is not None
+    replay_md = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(replay_md)
+
+    def run(trace: str, **rows: Outcome) -> tuple[Path, int, str, dict[str, Any]]:
+        policies = [
+            {"name": name, "slo_attainment": o.attainment, "gpu_hours": o.gpu_hours}
+            for name, o in rows.items()
+        ]
+        found = {"cold_start_s": 180, "trace": trace, "scale": 1.0, "policies": policies}
+        return Path(f"{trace}.json"), 1, "scaler bench replay", found
+
+    base = {"oracle": Outcome(1.0, 32.0), "always-on": Outcome(1.0, 38.9)}
+    table = replay_md._verdict(
+        [
+            # conv-like: costlier than always-on and over 1.25x, and the bound is too
+            run(CONV, scaler=Outcome(1.0, 40.7), **base, **{REACTIVE_BEST: Outcome(1.0, 40.6)}),
+            # code-like: late where the bound is on time
+            run(CODE, scaler=Outcome(0.97, 22.0), **base, **{REACTIVE_BEST: Outcome(0.995, 31.0)}),
+        ]
+    )
+    conv = next(line for line in table if line.startswith(f"| {CONV}"))
+    assert "1.27x missed, bound too" in conv and "costlier (1.000), bound too" in conv
+    code = next(line for line in table if line.startswith(f"| {CODE}"))
+    assert "0.970 (1.000) missed, bound met" in code
+    assert any("Of the 3 goals missed, the reactive bound misses 2 too." in line for line in table)
