@@ -26,26 +26,17 @@ With a `Fleet` (what the policy knows: a cold-start horizon, the ready replicas,
 asked for and not yet ready), the queue is counted where it will be when a
 replica asked now can serve, instead of as concurrency now:
 
-- queue: (arrival_rate x S + B_today x min(1, S / D) + B_later x min(1, S / H)) / targetConcurrency,
-  where while nothing waits the arrivals are those the tokens term stands for at this S
-  (`token_flow`: tokens x targetConcurrency / S, in the flow and in the backlog model), and B is the
-  backlog a replica asked now would meet when it serves, a horizon H from now (today's `waiting`,
-  grown or drained at arrivals minus the ready replicas' throughput until the replicas already asked
-  for serve, then of all of them; `backlog_ahead`): with nothing on its way, the part of it waiting
-  today (a queue the fleet will not drain) is drained within D (`queueTimeSloSeconds`, else one S);
-  the rest (what builds up during a cold start, or what the replicas on their way leave) within one
-  more horizon. A backlog drained within a time T takes B x S / T slots when T is longer than S (a
-  slot admits T / S of them in turn), but B slots when it is shorter: each admitted request holds
-  its slot for S, so a queue of 68 on an LLM fleet (S = 29 s) due within a 2 s SLO needs 68 slots,
-  not 68 x 29 / 2 = 986. At least the busy replicas while a queue drains, and at least the replicas
-  on their way while the queue they will meet is not empty. Whether the fleet drains its queue is
-  read from the arrival rate against its throughput, and checked against the queue itself: a queue
-  seen not to shrink at an unchanged ready count is not draining, however low a lagging counter rate
-  reads (`arrivals_seen`). It replaces `concurrency` (and `queue_slo`). A reactive queue metric
-  counts every queued request as a slot needed now; during a cold start the queue keeps growing, so
-  it asks again and again for work the replicas already on their way will drain, then holds the
-  excess through the scale-down window: a sawtooth at several times the GPU-hours. Without an S that
-  holds under load (`loaded_service_time`) the concurrency term stands.
+- queue: (arrival_rate x S + B_today x min(1, S / D) + B_later x min(1, S / H)) / targetConcurrency.
+  B is the backlog a replica asked for now would meet when it serves, a horizon H from now
+  (`backlog_ahead`). The part waiting today that the fleet will not drain is due within D
+  (`queueTimeSloSeconds`, else one S), the rest within one more horizon. A backlog due within T
+  takes min(1, S / T) slots per request, because a slot admits one request per S. While nothing
+  waits, the arrivals are those the token counters stand for (`token_flow`). The term keeps the
+  busy replicas while a queue drains, and the replicas on their way while the queue they will
+  meet is not empty. It replaces `concurrency` and `queue_slo`: a reactive queue metric asks again
+  and again during a cold start for work the replicas on their way will drain. Why each part is
+  there, with the tests that pin it: docs/tuning.md, "Replicas on their way are not asked for
+  twice". Without an S that holds under load (`loaded_service_time`) the concurrency term stands.
 """
 
 from __future__ import annotations
