@@ -57,6 +57,14 @@ def cases() -> dict[str, ReplayOptions]:
     return found
 
 
+def pick(name: str, known: list[str]) -> str:
+    """The one case `name` names, exactly or as a unique part of it (`_conv`, `deepseek`)."""
+    found = [k for k in known if name == k] or [k for k in known if name in k]
+    if len(found) != 1:
+        raise SystemExit(f"case {name!r} matches {found or 'none'}; known: {', '.join(known)}")
+    return found[0]
+
+
 def run_case(
     name: str, options: ReplayOptions
 ) -> tuple[str, dict[str, tuple[float, float]], float]:

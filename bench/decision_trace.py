@@ -27,7 +27,7 @@ from gpu_queue_scaler_bench.sim.command import load_requests, sim_config
 from gpu_queue_scaler_bench.sim.policies import ScalerPolicy
 from gpu_queue_scaler_bench.sim.run import BenchResult, PolicyRun, run_bench, simulate
 
-from decision_cases import cases
+from decision_cases import cases, pick
 
 
 def span(text: str) -> tuple[float, float]:
@@ -38,13 +38,6 @@ def span(text: str) -> tuple[float, float]:
         return float(lo), float(hi)
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"--ticks: {err}") from None
-
-
-def pick(name: str, known: list[str]) -> str:
-    found = [k for k in known if name == k] or [k for k in known if name in k]
-    if len(found) != 1:
-        raise SystemExit(f"case {name!r} matches {found or 'none'}; known: {', '.join(known)}")
-    return found[0]
 
 
 def minutes(

@@ -1,7 +1,10 @@
 """What any reactive policy can reach on a trace: the oracle's exact need, without foresight.
 
-Usage: python bench/reactive_bound.py [--trace FILE] [--scale F] [--compress C] [--duration S]
-       [--cold-start S] [--headroom 1.0,1.18,...] [--window 180,300]
+Usage: python bench/reactive_bound.py [--case NAME | --trace FILE [--scale F] [--compress C]
+       [--duration S]] [--seed N] [--cold-start S] [--headroom 1.0,1.18,...] [--window 180,300]
+
+`--case` takes one of `bench/run_replay_all.sh`'s cases by file stem or any unique part of it
+(`_conv`, `deepseek`), with that script's own --scale, --compress and --duration.
 
 The simulator's goal (>= 99% of requests within the SLO at <= 1.2x the oracle's GPU-hours) asks
 how much of the oracle's lead is foresight. This bench answers it with
@@ -25,6 +28,8 @@ from gpu_queue_scaler_bench.sim.policies import ReactiveBound
 from gpu_queue_scaler_bench.sim.report import measure
 from gpu_queue_scaler_bench.sim.run import COMPANION, PolicyRun, run_bench, simulate
 
+from decision_cases import cases, pick
+
 CONV = "bench/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 
 
@@ -38,6 +43,8 @@ def row(run: PolicyRun, oracle_gpu_s: float, slo_s: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", help="a case of bench/run_replay_all.sh (overrides --trace)")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace", default=CONV)
     parser.add_argument("--scale", type=float, default=20.0)
     parser.add_argument("--compress", type=float, default=1.0)
@@ -46,24 +53,34 @@ def main() -> None:
     parser.add_argument("--headroom", default="1.0,1.18,1.3,1.45,1.6")
     parser.add_argument("--window", default="180,300")
     args = parser.parse_args()
-    options = ReplayOptions(
-        trace=args.trace,
-        scale=args.scale,
-        compress=args.compress,
-        duration_s=args.duration,
-        cold_start_s=args.cold_start,
-        companion=True,
-    )
+    if args.case is not None:
+        known = cases()
+        options = replace(
+            known[pick(args.case, list(known))],
+            seed=args.seed,
+            cold_start_s=args.cold_start,
+            companion=True,
+        )
+    else:
+        options = ReplayOptions(
+            trace=args.trace,
+            scale=args.scale,
+            compress=args.compress,
+            duration_s=args.duration,
+            cold_start_s=args.cold_start,
+            seed=args.seed,
+            companion=True,
+        )
     requests = load_requests(options)
     cfg = replace(sim_config(options), policies=("scaler", "oracle"))
-    bench = run_bench(requests, cfg, scale=args.scale)
+    bench = run_bench(requests, cfg, scale=options.scale)
     runs = {run.name: run for run in bench.runs}
     oracle = runs["oracle"]
     need = bench.oracle_need
     assert need is not None  # run_bench with the oracle sets it
     on_trace = need[: round(requests.duration_s / cfg.dt)]
     print(
-        f"{requests.name} x{args.scale:g}, {args.cold_start:g} s cold start, "
+        f"{requests.name} x{options.scale:g}, {options.cold_start_s:g} s cold start, "
         f"{requests.count:,} requests; the oracle's need, per second: mean {on_trace.mean():.1f} "
         f"replicas\n"
     )
