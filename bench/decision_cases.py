@@ -93,14 +93,18 @@ def chosen(
     args: argparse.Namespace,
     known: dict[str, ReplayOptions],
     metadata: dict[str, str] | None = None,
+    seed: int | None = None,
 ) -> dict[str, ReplayOptions]:
-    """The cases --cases names, at --seed and --cold-start (and the scaler's extra metadata)."""
+    """The cases --cases names, at --seed (or `seed`) and --cold-start (and the scaler's extra
+    metadata)."""
     names = [n for n in args.cases.split(",") if n]
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown cases {unknown}; known: {', '.join(known)}")
     picked = {
-        n: dataclasses.replace(known[n], seed=args.seed, cold_start_s=args.cold_start)
+        n: dataclasses.replace(
+            known[n], seed=args.seed if seed is None else seed, cold_start_s=args.cold_start
+        )
         for n in names
     }
     if metadata is None:
@@ -134,7 +138,7 @@ def main() -> None:
     seeds = seed_list(parser, args.seeds) if args.seeds else [args.seed]
     by_case: dict[str, list[dict[str, tuple[float, float]]]] = {}
     for seed in seeds:
-        picked = chosen(parser, argparse.Namespace(**{**vars(args), "seed": seed}), known, meta)
+        picked = chosen(parser, args, known, meta, seed)
         if args.no_kv_preemption:
             picked = {n: dataclasses.replace(o, preemption=False) for n, o in picked.items()}
         results = run_all(run_case, picked, args.jobs)

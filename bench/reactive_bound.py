@@ -55,22 +55,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.case is not None:
         known = cases()
-        options = replace(
-            known[pick(args.case, list(known))],
-            seed=args.seed,
-            cold_start_s=args.cold_start,
-            companion=True,
-        )
+        base = known[pick(args.case, list(known))]
     else:
-        options = ReplayOptions(
-            trace=args.trace,
-            scale=args.scale,
-            compress=args.compress,
-            duration_s=args.duration,
-            cold_start_s=args.cold_start,
-            seed=args.seed,
-            companion=True,
+        base = ReplayOptions(
+            trace=args.trace, scale=args.scale, compress=args.compress, duration_s=args.duration
         )
+    options = replace(base, seed=args.seed, cold_start_s=args.cold_start, companion=True)
     requests = load_requests(options)
     cfg = replace(sim_config(options), policies=("scaler", "oracle"))
     bench = run_bench(requests, cfg, scale=options.scale)

@@ -37,6 +37,12 @@ POLICIES = (
 )
 
 
+def _reach(v: Verdict, goal: str) -> str:
+    """What the reactive bound says of a goal the scaler missed (`Verdict.bound_meets`)."""
+    reach = v.bound_meets()[goal]
+    return "" if reach is None else ", bound " + ("met" if reach else "too")
+
+
 def _verdict(runs: list[tuple[Path, int, str, dict[str, Any]]], row: str = "scaler") -> list[str]:
     """Per trace at 180 s cold start: the default scaler row against each goal
     (`gpu_queue_scaler_bench.sim.verdict`, which the replay's own table prints too)."""
@@ -61,17 +67,6 @@ def _verdict(runs: list[tuple[Path, int, str, dict[str, Any]]], row: str = "scal
     met = {"slo": 0, "cost": 0, "always": 0, "keda": 0}
     counted = {"slo": 0, "cost": 0, "always": 0, "keda": 0}
     missed, bound_too = 0, 0
-
-    def missed_word(v: Verdict, goal: str) -> str:
-        """'missed', with what the reactive bound says of the goal (`Verdict.bound_meets`)."""
-        nonlocal missed, bound_too
-        missed += 1
-        reach = v.bound_meets()[goal]
-        if reach is None:
-            return "missed"
-        bound_too += not reach
-        return "missed, bound " + ("met" if reach else "too")
-
     for _, _, _, found in runs:
         if found["cold_start_s"] != 180:
             continue
@@ -85,14 +80,14 @@ def _verdict(runs: list[tuple[Path, int, str, dict[str, Any]]], row: str = "scal
         met["slo"] += v.slo_met
         slo = (
             f"{v.scaler.attainment:.3f} ({v.oracle.attainment:.3f}) "
-            f"{'met' if v.slo_met else missed_word(v, 'slo')}"
+            f"{'met' if v.slo_met else 'missed' + _reach(v, 'slo')}"
         )
         if v.cost_met is None:
             cost = f"{v.ratio:.2f}x (no goal)"
         else:
             counted["cost"] += 1
             met["cost"] += v.cost_met
-            word = "met" if v.cost_met else missed_word(v, "cost")
+            word = "met" if v.cost_met else "missed" + _reach(v, "cost")
             cost = f"{v.ratio:.2f}x {word} (<= {v.limit:g})"
         counted["always"] += 1
         met["always"] += v.cheaper_than_always_on
@@ -102,7 +97,9 @@ def _verdict(runs: list[tuple[Path, int, str, dict[str, Any]]], row: str = "scal
             f"({v.always_on.attainment:.3f})"
         )
         if not v.cheaper_than_always_on:
-            always += missed_word(v, "always-on").removeprefix("missed")
+            always += _reach(v, "always-on")
+        missed += len(v.missed())
+        bound_too += sum(v.bound_meets()[goal] is False for goal in v.missed())
         keda = {name: "—" for name in KEDA_ROWS}
         for name, word, other in v.keda_verdicts():
             counted["keda"] += 1

@@ -69,11 +69,7 @@ class Fleet(NamedTuple):
     # False when the queue is new and small (`policy.new_small_queue`): none on the observation
     # before, at this ready count, and fewer waiting than ready replicas. A request waiting a
     # moment (a prefill scheduled behind another, or a KV-full server making room) does not show
-    # a saturated fleet; a queue seen twice, or one per replica, may. Every reading of
-    # saturation takes the queue through `standing_queue`: the servers' own batch limit
-    # (`backlog_ahead`), arrivals raised to the queue's growth (`arrivals_seen`), the busy
-    # replicas kept as a floor under the queue (`queue_term`) and the token counters' flow set
-    # aside (`token_flow`).
+    # a saturated fleet; a queue seen twice, or one per replica, may (`standing_queue`).
     queue_held: bool = True
 
 
@@ -149,8 +145,11 @@ def token_work(signal: Signal, spec: CapacitySpec) -> float | None:
 
 
 def standing_queue(signal: Signal, fleet: Fleet | None) -> bool:
-    """A request or more waits, and not as a new small queue (`Fleet.queue_held`): the queue
-    every reading of a fleet short of its demand takes (see `Fleet.queue_held`)."""
+    """A request or more waits, and not as a new small queue (`Fleet.queue_held`). Every reading
+    of a fleet short of its demand asks this: the servers' own batch limit (`backlog_ahead`),
+    arrivals raised to the queue's growth (`arrivals_seen`, through `queue_term`), the busy
+    replicas kept as a floor under the queue (`queue_term`) and the token counters' flow set
+    aside (`token_flow`)."""
     return (signal.waiting or 0.0) >= 1.0 and (fleet is None or fleet.queue_held)
 
 

@@ -109,6 +109,11 @@ class Verdict:
     def cheaper_than_always_on(self) -> bool:
         return self.scaler.gpu_hours <= self.always_on.gpu_hours
 
+    def missed(self) -> tuple[str, ...]:
+        """The goals missed, by the names `bound_meets` uses."""
+        met = {"slo": self.slo_met, "cost": self.cost_met, "always-on": self.cheaper_than_always_on}
+        return tuple(goal for goal, ok in met.items() if ok is False)
+
     def bound_meets(self) -> dict[str, bool | None]:
         """Whether the reactive bound meets each goal ("slo", "cost", "always-on"); None where
         the run has no bound or the goal has no limit."""
